@@ -1,0 +1,229 @@
+"""FederatedCorpus: user_id -> that user's examples, the one data structure both engines consume.
+
+Order rules (deterministic, independent of hash seeds):
+
+* users are iterated in the store's order; stores built from files order users naturally
+  (numeric ids numerically, then other ids as strings; see :func:`user_sort_key`);
+* a user's examples are in source order;
+* :meth:`FederatedCorpus.records` is the concatenation of the users' examples in that order.
+
+Nothing here loads the whole corpus unless asked: a user's examples are built when requested.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+
+from fedpriv.data.examples import Example, Kind, kind_of
+from fedpriv.data.stores import (
+    MappedStore,
+    MemoryStore,
+    ReshardedStore,
+    SqliteStore,
+    SubsetStore,
+    UserStore,
+)
+from fedpriv.errors import EmptyCorpusError, FedprivError
+
+
+class FederatedCorpus:
+    """A population of users, each holding examples (text for NWP, tokens+tags for NER)."""
+
+    def __init__(self, store: UserStore, name: str = "corpus"):
+        self.store = store
+        self.name = name
+        self._counts: np.ndarray | None = None
+        if len(store.user_ids()) == 0:
+            raise EmptyCorpusError(f"{name}: the corpus has no users")
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, users: dict[str, Sequence[Example]], name: str = "corpus") -> "FederatedCorpus":
+        """An in-memory corpus. Users with no example are dropped; an empty result is refused."""
+        users = {str(u): list(exs) for u, exs in users.items() if len(exs) > 0}
+        if not users:
+            raise EmptyCorpusError(f"{name}: the corpus has no users with examples")
+        kinds = {kind_of(ex) for exs in users.values() for ex in exs}
+        if len(kinds) != 1:
+            raise FedprivError(f"{name}: mixed example kinds {sorted(kinds)} in one corpus")
+        return cls(MemoryStore(users, kinds.pop()), name)
+
+    @classmethod
+    def from_stream(
+        cls,
+        stream: Iterable[tuple[str, Example]],
+        kind: Kind,
+        name: str = "corpus",
+        spill_to: str | os.PathLike[str] | None = None,
+    ) -> "FederatedCorpus":
+        """Collect ``(user_id, example)`` pairs. With ``spill_to`` (a file path), the examples go to an
+        on-disk SQLite store as they stream, so memory stays bounded whatever the source's size."""
+        if spill_to is not None:
+            return cls(SqliteStore.build(spill_to, stream, kind), name)
+        users: dict[str, list[Example]] = {}
+        for u, ex in stream:
+            users.setdefault(u, []).append(ex)
+        if not users:
+            raise EmptyCorpusError(f"{name}: the source produced no examples")
+        return cls(MemoryStore(users, kind), name)
+
+    # ---- access -------------------------------------------------------------------------
+    @property
+    def kind(self) -> Kind:
+        return self.store.kind
+
+    @property
+    def user_ids(self) -> Sequence[str]:
+        return self.store.user_ids()
+
+    @property
+    def num_users(self) -> int:
+        return len(self.store.user_ids())
+
+    def __len__(self) -> int:
+        return self.num_users
+
+    def __contains__(self, user_id: object) -> bool:
+        return user_id in set(self.user_ids)
+
+    def counts(self) -> np.ndarray:
+        """Examples per user (int64), aligned with :attr:`user_ids`."""
+        if self._counts is None:
+            self._counts = np.asarray(self.store.counts(), dtype=np.int64)
+        return self._counts
+
+    @property
+    def num_examples(self) -> int:
+        return int(self.counts().sum())
+
+    def examples(self, user_id: str) -> list[Example]:
+        """One user's examples, in source order."""
+        try:
+            return self.store.examples(user_id)
+        except KeyError:
+            raise FedprivError(f"{self.name}: no user {user_id!r}") from None
+
+    __getitem__ = examples
+
+    def users(self) -> Iterator[tuple[str, list[Example]]]:
+        """``(user_id, examples)`` for every user, one user in memory at a time."""
+        for u in self.user_ids:
+            yield u, self.store.examples(u)
+
+    __iter__ = users
+
+    def records(self) -> Iterator[Example]:
+        """The flattened view for central training: every example, users in order, each user's in order."""
+        for _, exs in self.users():
+            yield from exs
+
+    def __repr__(self) -> str:
+        return f"FederatedCorpus({self.name!r}, kind={self.kind}, users={self.num_users})"
+
+    # ---- derived corpora ------------------------------------------------------------------
+    def subset(self, user_ids: Sequence[str], name: str | None = None) -> "FederatedCorpus":
+        """The given users (in the given order)."""
+        index = {u: i for i, u in enumerate(self.user_ids)}
+        missing = [u for u in user_ids if u not in index]
+        if missing:
+            raise FedprivError(f"{self.name}: unknown users {missing[:5]}")
+        counts = self.counts()[[index[u] for u in user_ids]] if self._counts is not None else None
+        return FederatedCorpus(SubsetStore(self.store, user_ids, counts), name or self.name)
+
+    def sample_users(self, k: int, seed: int) -> "FederatedCorpus":
+        """``k`` users drawn uniformly without replacement (deterministic by ``seed``); builds only them."""
+        if not 0 < k <= self.num_users:
+            raise FedprivError(f"cannot sample k={k} users from {self.num_users}; need 0 < k <= {self.num_users}")
+        idx = np.random.default_rng(seed).choice(self.num_users, size=k, replace=False)
+        ids = self.user_ids
+        return self.subset([ids[int(i)] for i in idx], name=f"{self.name}[sample {k}, seed {seed}]")
+
+    def map_users(self, fn: Callable[[list[Example]], list[Example]], name: str | None = None) -> "FederatedCorpus":
+        """Apply ``fn`` to each user's examples; users left with none are dropped (one pass to find them)."""
+        store = MappedStore(self.store, fn)
+        if not store.user_ids():
+            raise EmptyCorpusError(f"{name or self.name}: no user has any example left after filtering")
+        return FederatedCorpus(store, name or self.name)
+
+    def with_min_examples(self, n: int) -> "FederatedCorpus":
+        """Only users with at least ``n`` examples."""
+        keep = [u for u, c in zip(self.user_ids, self.counts()) if c >= n]
+        if not keep:
+            raise EmptyCorpusError(f"{self.name}: no user has {n} or more examples")
+        return self.subset(keep, name=f"{self.name}[>= {n} examples]")
+
+    def truncated(self, max_examples: int) -> "FederatedCorpus":
+        """Each user's first ``max_examples`` examples (the TFF Stack Overflow cap on client data)."""
+        if max_examples < 1:
+            raise FedprivError(f"max_examples must be >= 1, got {max_examples}")
+        return self.map_users(lambda exs: exs[:max_examples], name=f"{self.name}[<= {max_examples} per user]")
+
+    def resharded_iid(self, seed: int) -> "FederatedCorpus":
+        """The IID control: shuffle all records and deal them out sequentially to synthetic users,
+        keeping the number of users and the per-user example counts (user j of the result has as
+        many examples as user j of this corpus)."""
+        return FederatedCorpus(ReshardedStore(self.store, seed, self.counts()), f"{self.name}[iid seed {seed}]")
+
+    def split_heldout_users(self, fraction: float, salt: str = "fedpriv-heldout") -> tuple["FederatedCorpus", "FederatedCorpus"]:
+        """``(train, heldout)`` by a stable hash of the user id: a user is held out when
+        ``sha256(salt:user_id)`` read as a fraction of 2**64 is below ``fraction``. Stable across
+        runs, machines and corpus sizes (a user's side never depends on the other users)."""
+        if not 0.0 < fraction < 1.0:
+            raise FedprivError(f"heldout fraction must be in (0, 1), got {fraction}")
+        train, held = [], []
+        for u in self.user_ids:
+            (held if stable_unit_hash(u, salt) < fraction else train).append(u)
+        if not train or not held:
+            side = "train" if not train else "heldout"
+            raise EmptyCorpusError(f"{self.name}: the {side} side of a {fraction} held-out split has no users")
+        return self.subset(train, f"{self.name}[train]"), self.subset(held, f"{self.name}[heldout]")
+
+    def split_by_time(self, cutoff: float | str | datetime) -> tuple["FederatedCorpus", "FederatedCorpus"]:
+        """``(before, after)``: examples with timestamp < cutoff, and >= cutoff. Users are kept on
+        each side where they have examples there. ``cutoff`` is epoch seconds, an ISO date or a datetime."""
+        t = to_epoch_seconds(cutoff)
+
+        def check(exs: list[Example]) -> list[Example]:
+            for ex in exs:
+                if ex.timestamp is None:
+                    raise FedprivError(f"{self.name}: split_by_time needs timestamps, and an example has none")
+            return exs
+
+        before = self.map_users(lambda exs: [e for e in check(exs) if e.timestamp < t], f"{self.name}[before]")
+        after = self.map_users(lambda exs: [e for e in check(exs) if e.timestamp >= t], f"{self.name}[after]")
+        return before, after
+
+
+def stable_unit_hash(user_id: str, salt: str) -> float:
+    """A user's position in [0, 1), from SHA-256 (independent of Python's hash seed)."""
+    digest = hashlib.sha256(f"{salt}:{user_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2.0**64
+
+
+def to_epoch_seconds(t: float | int | str | datetime) -> float:
+    """Epoch seconds (UTC) from a number, an ISO-8601 string or a datetime (naive means UTC)."""
+    if isinstance(t, (int, float)):
+        return float(t)
+    if isinstance(t, str):
+        try:
+            t = datetime.fromisoformat(t)
+        except ValueError:
+            raise FedprivError(f"not an ISO-8601 time: {t!r}") from None
+    if t.tzinfo is None:
+        t = t.replace(tzinfo=timezone.utc)
+    return t.timestamp()
+
+
+def default_spill_path(source: str | os.PathLike[str]) -> Path:
+    """Where a big source is spilled when the caller names no place: a fresh temp file."""
+    fd, name = tempfile.mkstemp(prefix=Path(source).name + ".", suffix=".fedpriv.sqlite")
+    os.close(fd)
+    os.unlink(name)
+    return Path(name)

@@ -1,0 +1,251 @@
+"""Backends that hold a corpus's users: in memory, on disk (SQLite), or derived from another store.
+
+A store answers three questions: which users (in a fixed order), how many examples a user
+has, and what those examples are. :class:`~fedpriv.data.corpus.FederatedCorpus` wraps a store
+and never assumes the whole corpus fits in memory; loaders for big sources return lazy stores
+(:class:`SqliteStore`, the TFF SQLite store, the synthetic store) that build a user's examples
+only when asked.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fedpriv.data.examples import Example, Kind, example_from_json, kind_of
+from fedpriv.errors import EmptyCorpusError, FedprivError
+
+_DIGITS = re.compile(r"^[0-9]+$")
+
+
+def user_sort_key(user_id: str) -> tuple:
+    """Natural order of user ids: numeric ids numerically (before others), then strings."""
+    if _DIGITS.match(user_id):
+        return (0, len(user_id.lstrip("0")), user_id.lstrip("0"), user_id)
+    return (1, 0, user_id, user_id)
+
+
+class UserStore(ABC):
+    """Read access to users and their examples. Subclasses fix ``kind`` and the user order."""
+
+    kind: Kind
+
+    @abstractmethod
+    def user_ids(self) -> Sequence[str]:
+        """All user ids, in the store's deterministic order."""
+
+    @abstractmethod
+    def examples(self, user_id: str) -> list[Example]:
+        """The user's examples in source order. Raises KeyError for an unknown user."""
+
+    def counts(self) -> np.ndarray:
+        """Examples per user (int64), aligned with :meth:`user_ids`. Override when cheaper."""
+        return np.fromiter((len(self.examples(u)) for u in self.user_ids()), dtype=np.int64)
+
+
+class MemoryStore(UserStore):
+    """Users held in a dict of lists; ordered by :func:`user_sort_key`."""
+
+    def __init__(self, users: dict[str, list[Example]], kind: Kind):
+        self.kind = kind
+        self._users = users
+        self._ids = tuple(sorted(users, key=user_sort_key))
+
+    def user_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def examples(self, user_id: str) -> list[Example]:
+        return list(self._users[user_id])
+
+    def counts(self) -> np.ndarray:
+        return np.array([len(self._users[u]) for u in self._ids], dtype=np.int64)
+
+
+class SqliteStore(UserStore):
+    """A spilled corpus on disk: one row per example, indexed by user. Memory-bounded to build and read.
+
+    Build it with :meth:`build` from a stream of ``(user_id, example)`` pairs; only a batch of
+    rows is in memory at any time.
+    """
+
+    _BATCH = 5000
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = Path(path)
+        self._con = sqlite3.connect(str(self.path), check_same_thread=False)
+        row = self._con.execute("SELECT value FROM meta WHERE key='kind'").fetchone()
+        if row is None:
+            raise FedprivError(f"{self.path}: not a fedpriv corpus store (no 'kind' in meta)")
+        self.kind = row[0]
+        ids = [r[0] for r in self._con.execute("SELECT DISTINCT user_id FROM examples")]
+        self._ids = tuple(sorted(ids, key=user_sort_key))
+        self._counts: np.ndarray | None = None
+
+    @classmethod
+    def build(
+        cls, path: str | os.PathLike[str], stream: Iterable[tuple[str, Example]], kind: Kind
+    ) -> "SqliteStore":
+        """Write ``stream`` to a new SQLite file at ``path`` (written to a temp name, then renamed)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".partial")
+        if tmp.exists():
+            tmp.unlink()
+        con = sqlite3.connect(str(tmp))
+        try:
+            con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
+            con.execute("CREATE TABLE examples (user_id TEXT, seq INTEGER, payload TEXT)")
+            con.execute("INSERT INTO meta VALUES ('kind', ?)", (kind,))
+            seq: dict[str, int] = {}
+            batch: list[tuple[str, int, str]] = []
+            for user_id, ex in stream:
+                if kind_of(ex) != kind:
+                    raise FedprivError(f"mixed example kinds in one corpus: expected {kind}")
+                n = seq.get(user_id, 0)
+                seq[user_id] = n + 1
+                batch.append((user_id, n, json.dumps(ex.to_json())))
+                if len(batch) >= cls._BATCH:
+                    con.executemany("INSERT INTO examples VALUES (?, ?, ?)", batch)
+                    batch.clear()
+            if batch:
+                con.executemany("INSERT INTO examples VALUES (?, ?, ?)", batch)
+            if not seq:
+                raise EmptyCorpusError("the source produced no examples")
+            con.execute("CREATE INDEX by_user ON examples (user_id, seq)")
+            con.commit()
+        except BaseException:
+            con.close()
+            tmp.unlink(missing_ok=True)
+            raise
+        con.close()
+        os.replace(tmp, path)
+        return cls(path)
+
+    def user_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def examples(self, user_id: str) -> list[Example]:
+        rows = self._con.execute(
+            "SELECT payload FROM examples WHERE user_id=? ORDER BY seq", (user_id,)
+        ).fetchall()
+        if not rows:
+            raise KeyError(user_id)
+        return [example_from_json(json.loads(r[0]), self.kind) for r in rows]
+
+    def counts(self) -> np.ndarray:
+        if self._counts is None:
+            got = dict(self._con.execute("SELECT user_id, COUNT(*) FROM examples GROUP BY user_id"))
+            self._counts = np.array([got[u] for u in self._ids], dtype=np.int64)
+        return self._counts
+
+
+class SubsetStore(UserStore):
+    """A subset of another store's users, in the given order."""
+
+    def __init__(self, base: UserStore, user_ids: Sequence[str], counts: np.ndarray | None = None):
+        self.kind = base.kind
+        self._base = base
+        self._ids = tuple(user_ids)
+        self._counts = counts
+
+    def user_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def examples(self, user_id: str) -> list[Example]:
+        return self._base.examples(user_id)
+
+    def counts(self) -> np.ndarray:
+        if self._counts is None:
+            self._counts = super().counts()
+        return self._counts
+
+
+class MappedStore(UserStore):
+    """Each user's examples passed through ``fn``; users left with no example are dropped.
+
+    Finding which users survive needs one pass over the base store (one user in memory at a
+    time); the result of that pass is the user list and the counts, not the examples.
+    """
+
+    def __init__(self, base: UserStore, fn: Callable[[list[Example]], list[Example]]):
+        self.kind = base.kind
+        self._base = base
+        self._fn = fn
+        ids, counts = [], []
+        for u in base.user_ids():
+            n = len(fn(base.examples(u)))
+            if n:
+                ids.append(u)
+                counts.append(n)
+        self._ids = tuple(ids)
+        self._counts = np.array(counts, dtype=np.int64)
+
+    def user_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def examples(self, user_id: str) -> list[Example]:
+        out = self._fn(self._base.examples(user_id))
+        if not out:
+            raise KeyError(user_id)
+        return out
+
+    def counts(self) -> np.ndarray:
+        return self._counts
+
+
+class ReshardedStore(UserStore):
+    """The IID control: all records shuffled (by ``seed``) and dealt out sequentially to synthetic users.
+
+    Synthetic user ``j`` gets as many records as the base's ``j``-th user had, so the number of
+    users, the per-user counts (in order) and the multiset of records are all kept. The
+    permutation is one uint32/uint64 array over all records; examples are fetched lazily from
+    the base store (with a small cache of base users).
+    """
+
+    def __init__(self, base: UserStore, seed: int, base_counts: np.ndarray, cache_users: int = 256):
+        self.kind = base.kind
+        self._base = base
+        self._base_ids = base.user_ids()
+        self._counts = np.asarray(base_counts, dtype=np.int64)
+        total = int(self._counts.sum())
+        dtype = np.uint32 if total < 2**32 else np.uint64
+        perm = np.arange(total, dtype=dtype)
+        np.random.default_rng(seed).shuffle(perm)
+        self._perm = perm
+        self._offsets = np.concatenate([[0], np.cumsum(self._counts)])
+        width = len(str(max(len(self._counts) - 1, 0)))
+        self._ids = tuple(f"iid-{j:0{width}d}" for j in range(len(self._counts)))
+        self._index = {u: j for j, u in enumerate(self._ids)}
+        self._cache: OrderedDict[int, list[Example]] = OrderedDict()
+        self._cache_users = cache_users
+
+    def user_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def counts(self) -> np.ndarray:
+        return self._counts
+
+    def _base_examples(self, b: int) -> list[Example]:
+        if b in self._cache:
+            self._cache.move_to_end(b)
+            return self._cache[b]
+        exs = self._base.examples(self._base_ids[b])
+        self._cache[b] = exs
+        if len(self._cache) > self._cache_users:
+            self._cache.popitem(last=False)
+        return exs
+
+    def examples(self, user_id: str) -> list[Example]:
+        j = self._index[user_id]
+        glob = self._perm[self._offsets[j] : self._offsets[j + 1]].astype(np.int64)
+        src = np.searchsorted(self._offsets, glob, side="right") - 1
+        local = glob - self._offsets[src]
+        return [self._base_examples(int(b))[int(i)] for b, i in zip(src, local)]
+
