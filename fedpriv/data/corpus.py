@@ -36,9 +36,11 @@ from fedpriv.errors import EmptyCorpusError, FedprivError
 class FederatedCorpus:
     """A population of users, each holding examples (text for NWP, tokens+tags for NER)."""
 
-    def __init__(self, store: UserStore, name: str = "corpus"):
+    def __init__(self, store: UserStore, name: str = "corpus", info: dict | None = None):
         self.store = store
         self.name = name
+        #: Facts about how the corpus was loaded (e.g. skipped records), for inspection.
+        self.info: dict = dict(info or {})
         self._counts: np.ndarray | None = None
         if len(store.user_ids()) == 0:
             raise EmptyCorpusError(f"{name}: the corpus has no users")

@@ -15,7 +15,7 @@ from html.parser import HTMLParser
 _TOKEN = re.compile(r"[^\W_]+(?:['\u2019\-][^\W_]+)*|[^\w\s]|_", re.UNICODE)
 # A sentence ends at . ! or ? (possibly repeated, possibly followed by a closing quote or
 # bracket) followed by whitespace.
-_SENTENCE_END = re.compile(r"(?<=[.!?])[\"')\]]*\s+")
+_SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 
 
 def tokenize(text: str) -> list[str]:
@@ -42,25 +42,33 @@ class _TextExtractor(HTMLParser):
 
     BLOCKS = {"p", "div", "br", "li", "ul", "ol", "pre", "blockquote", "h1", "h2", "h3", "h4", "h5", "h6", "tr", "hr", "table"}
 
-    def __init__(self) -> None:
+    def __init__(self, skip: frozenset[str]) -> None:
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
+        self.skip = skip
+        self.skipping = 0
 
     def handle_starttag(self, tag, attrs):  # noqa: ANN001
+        if tag in self.skip:
+            self.skipping += 1
         if tag in self.BLOCKS:
             self.parts.append("\n\n")
 
     def handle_endtag(self, tag):  # noqa: ANN001
+        if tag in self.skip and self.skipping:
+            self.skipping -= 1
         if tag in self.BLOCKS:
             self.parts.append("\n\n")
 
     def handle_data(self, data):  # noqa: ANN001
-        self.parts.append(data)
+        if not self.skipping:
+            self.parts.append(data)
 
 
-def strip_html(fragment: str) -> str:
-    """Plain text of an HTML fragment, with block elements turned into paragraph breaks."""
-    parser = _TextExtractor()
+def strip_html(fragment: str, skip: frozenset[str] = frozenset()) -> str:
+    """Plain text of an HTML fragment, with block elements turned into paragraph breaks; the
+    content of elements named in ``skip`` (e.g. ``{"pre"}`` for code blocks) is dropped."""
+    parser = _TextExtractor(skip)
     parser.feed(fragment)
     parser.close()
     return html.unescape("".join(parser.parts))

@@ -1,0 +1,191 @@
+"""The ``fedpriv`` command.
+
+Every subcommand has ``--help``. Errors fedpriv raises on purpose (bad input, impossible
+parameters) are printed as one line ``fedpriv: error: ...`` on stderr, exit code 2; an
+unexpected failure prints one line too (exit 1) unless ``FEDPRIV_DEBUG=1`` asks for the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any, Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedpriv import __version__
+from fedpriv.errors import FedprivError
+
+app = typer.Typer(
+    name="fedpriv",
+    help="Measure and reduce what language models memorize about the people in their training data.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+data_app = typer.Typer(help="Inspect federated corpora (users -> examples).", no_args_is_help=True)
+config_app = typer.Typer(help="Validate experiment configs.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(config_app, name="config")
+
+out = Console()
+err = Console(stderr=True)
+
+
+def parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs -> dict; VALUE is read as JSON when it parses (numbers, true, lists), else a string."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise FedprivError(f"--option {pair!r}: expected KEY=VALUE")
+        try:
+            options[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key.strip()] = value
+    return options
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"fedpriv {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+) -> None:
+    """fedpriv: federated and central training with privacy, canaries and memorization audits."""
+
+
+@data_app.command("inspect")
+def data_inspect(
+    source: str = typer.Argument(..., help="'shakespeare' (bundled), a path, or a 'synthetic:...' spec."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    format: Optional[str] = typer.Option(None, "--format", help="Override the format guessed from the path."),
+    option: list[str] = typer.Option([], "--option", "-o", help="Loader option KEY=VALUE (repeatable), e.g. users=sentences:10."),
+    top: int = typer.Option(20, "--top", min=0, help="How many frequent words to list."),
+    sample_users: Optional[int] = typer.Option(
+        None, "--sample-users", min=1, help="Token statistics over this many sampled users (default: all, or 1,000 above 2M examples)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the user sample."),
+) -> None:
+    """Print users, examples, tokens, per-user example counts and the most frequent words."""
+    from fedpriv.data.inspect import inspect_corpus
+    from fedpriv.data.sources import open_corpus
+
+    corpus = open_corpus(source, format=format, **parse_options(option))
+    stats = inspect_corpus(corpus, top_words=top, sample_users=sample_users, seed=seed)
+    if as_json:
+        print(json.dumps(stats, indent=2))
+        return
+    _print_stats(stats)
+
+
+def _print_stats(stats: dict) -> None:
+    per = stats["examples_per_user"]
+    t = Table(title=f"{stats['source']} ({stats['kind']})", show_header=False)
+    t.add_row("users", f"{stats['users']:,}")
+    t.add_row("examples", f"{stats['examples']:,}")
+    scope = "" if stats["token_stats_over_users"] == stats["users"] else f" (over {stats['token_stats_over_users']:,} sampled users)"
+    t.add_row("tokens" + scope, f"{stats['tokens']:,}")
+    if "tokens_estimated_total" in stats:
+        t.add_row("tokens, estimated total", f"{stats['tokens_estimated_total']:,}")
+    t.add_row("tokens per example", f"{stats['tokens_per_example']:.1f}")
+    t.add_row("distinct words" + scope, f"{stats['distinct_words']:,}")
+    t.add_row("examples per user", f"min {per['min']}, median {per['median']:g}, mean {per['mean']:.1f}, max {per['max']}")
+    for k, v in stats.get("load", {}).items():
+        t.add_row(f"load: {k}", str(v))
+    for k, v in stats.get("entities", {}).items():
+        t.add_row(f"entities: {k}", f"{v:,}")
+    out.print(t)
+    h = Table(title="users by examples held", min_width=30)
+    h.add_column("examples")
+    h.add_column("users", justify="right")
+    for b in per["histogram"]:
+        h.add_row(f"{b['min']}-{b['max']}" if b["max"] > b["min"] else str(b["min"]), f"{b['users']:,}")
+    out.print(h)
+    if stats["top_words"]:
+        w = Table(title="most frequent words", min_width=30)
+        w.add_column("word")
+        w.add_column("count", justify="right")
+        for row in stats["top_words"]:
+            w.add_row(row["word"], f"{row['count']:,}")
+        out.print(w)
+
+
+@config_app.command("check")
+def config_check(
+    path: Path = typer.Argument(..., help="An experiment TOML file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
+) -> None:
+    """Validate an experiment config: unknown keys and wrong types are refused by key path."""
+    from fedpriv.config import load_config
+
+    cfg = load_config(path)
+    if as_json:
+        print(json.dumps(cfg.model_dump(), indent=2))
+    else:
+        out.print(f"{path}: ok (experiment {cfg.name!r}, source {cfg.data.source!r})")
+
+
+@app.command("demo")
+def demo(
+    config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment config to run."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+) -> None:
+    """Run the main job on the bundled data (today: the data pipeline of the demo experiment)."""
+    from fedpriv.pipeline import prepare_data
+
+    prepared = prepare_data(config, log=None if as_json else err.print)
+    summary = prepared.summary()
+    if as_json:
+        print(json.dumps(summary, indent=2))
+        return
+    t = Table(title=f"experiment {summary['experiment']}: data prepared", show_header=False)
+    for k, v in summary.items():
+        if k != "experiment":
+            t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.4f}" if isinstance(v, float) else str(v))
+    out.print(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the app and turns every error into one line and an exit code."""
+    debug = os.environ.get("FEDPRIV_DEBUG") == "1"
+    try:
+        app(args=argv, standalone_mode=False, prog_name="fedpriv")
+        return 0
+    except FedprivError as e:
+        if debug:
+            raise
+        err.print(f"fedpriv: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Abort:
+        err.print("fedpriv: interrupted", markup=False)
+        return 130
+    except KeyboardInterrupt:
+        err.print("fedpriv: interrupted", markup=False)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback, unless asked
+        if debug:
+            raise
+        msg = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        err.print(f"fedpriv: internal error: {msg} (set FEDPRIV_DEBUG=1 for the traceback)", markup=False, soft_wrap=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Resolve a SOURCE spec (as the CLI and experiment configs write it) to a FederatedCorpus.
+
+Specs:
+
+* ``shakespeare`` - the bundled Shakespeare by speaker;
+* ``synthetic:...`` - synthetic non-IID users (``synthetic:stackoverflow``, ``synthetic:small,seed=3``,
+  ``synthetic:users=1000,examples=50000``);
+* a path, by format (``format=`` overrides the guess from the name):
+
+  ========================= ==============================================
+  ``Posts.xml`` / ``*.xml``  Stack Exchange dump (``stackexchange``)
+  ``*.jsonl`` ``*.json``     JSON Lines table (``jsonl``)
+  ``*.csv``                  CSV table (``csv``)
+  ``*.parquet``              Parquet table (``parquet``)
+  ``*.sqlite`` ``*.db``      TFF Stack Overflow SQLite (``tff-sqlite``)
+  ``*.conll`` ``*.iob``      CoNLL/IOB NER (``conll``); also ``*.tsv``, ``*.annotated``
+  a directory                ``datasets.Dataset.save_to_disk`` output (``hf``)
+  ========================= ==============================================
+
+Loader options (``user_column=...``, ``users="sentences:10"``, ``split="train"``, ...) are passed
+through to the loader; an option the loader does not take is refused by name.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any, Callable
+
+from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.errors import SourceError
+
+FORMATS = ("stackexchange", "jsonl", "csv", "parquet", "tff-sqlite", "conll", "hf", "shakespeare-text")
+
+_SUFFIXES = {
+    ".xml": "stackexchange",
+    ".jsonl": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".parquet": "parquet",
+    ".sqlite": "tff-sqlite",
+    ".sqlite3": "tff-sqlite",
+    ".db": "tff-sqlite",
+    ".conll": "conll",
+    ".iob": "conll",
+    ".tsv": "conll",
+    ".annotated": "conll",
+}
+
+
+def guess_format(path: Path) -> str:
+    """The format a path's name implies (see the module docstring)."""
+    if path.is_dir():
+        return "hf"
+    fmt = _SUFFIXES.get(path.suffix.lower())
+    if fmt is None:
+        raise SourceError(f"{path}: cannot tell the format from the name; pass format= one of {', '.join(FORMATS)}")
+    return fmt
+
+
+def _loader(fmt: str) -> Callable[..., FederatedCorpus]:
+    # Imported lazily: each loader pulls in only what its format needs.
+    if fmt == "stackexchange":
+        from fedpriv.data.stackexchange import load_stackexchange
+
+        return load_stackexchange
+    if fmt == "tff-sqlite":
+        from fedpriv.data.tff_sqlite import load_tff_sqlite
+
+        return load_tff_sqlite
+    if fmt == "conll":
+        from fedpriv.data.conll import load_conll
+
+        return load_conll
+    if fmt == "hf":
+        from fedpriv.data.hf import load_hf_dataset
+
+        return load_hf_dataset
+    if fmt == "shakespeare-text":
+        from fedpriv.data.shakespeare import load_shakespeare
+
+        return load_shakespeare
+    raise SourceError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def _check_options(fn: Callable[..., Any], options: dict[str, Any], what: str) -> None:
+    params = inspect.signature(fn).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    unknown = sorted(set(options) - set(params))
+    if unknown:
+        allowed = [n for n in params if n not in ("path", "dataset_or_path", "spec_or_config", "format")]
+        raise SourceError(f"{what}: unknown option(s) {', '.join(unknown)}; this source takes {', '.join(allowed) or 'none'}")
+
+
+def open_corpus(spec: str, format: str | None = None, **options: Any) -> FederatedCorpus:
+    """The corpus a SOURCE spec names (see the module docstring)."""
+    if spec == "shakespeare":
+        from fedpriv.data.shakespeare import load_shakespeare
+
+        _check_options(load_shakespeare, options, spec)
+        return load_shakespeare(**options)
+    if spec.startswith("synthetic:") or spec == "synthetic":
+        from fedpriv.data.synthetic import load_synthetic
+
+        if options:
+            raise SourceError(f"{spec}: synthetic sources take their options in the spec, e.g. synthetic:small,seed=3")
+        return load_synthetic(spec)
+    path = Path(spec)
+    if not path.exists():
+        raise SourceError(f"{spec}: no such file or directory (and not 'shakespeare' or 'synthetic:...')")
+    fmt = format or guess_format(path)
+    if fmt in ("jsonl", "csv", "parquet"):
+        from fedpriv.data.tabular import load_table
+
+        _check_options(load_table, options, spec)
+        return load_table(path, format=fmt, **options)
+    loader = _loader(fmt)
+    _check_options(loader, options, spec)
+    return loader(path, **options)

@@ -1,0 +1,1 @@
+"""Word vocabularies for NWP (and, in later modules, DP histograms and subword vocabularies)."""

@@ -1,0 +1,104 @@
+"""Top-K word vocabulary and fixed-length encoding, following the TFF Stack Overflow NWP convention.
+
+Ids: 0 = pad, 1..K = the K most frequent words (ties broken alphabetically), K+1 = oov,
+K+2 = bos, K+3 = eos; the vocabulary has K + 4 entries (10,004 for K = 10,000).
+
+An example of words w_1..w_n encodes to ``[bos, id(w_1), ..., id(w_min(n,L))]`` followed by
+``eos`` when n < L, then padded with 0 to length L + 1 (L = ``seq_len``, 20 by default). The
+model's inputs are ``ids[:-1]`` and its targets ``ids[1:]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from fedpriv.errors import DataFormatError, FedprivError
+
+PAD = 0
+
+
+class WordVocab:
+    """K words plus pad, oov, bos and eos (see the module docstring for the id layout)."""
+
+    def __init__(self, words: Iterable[str]):
+        self.words: tuple[str, ...] = tuple(words)
+        if len(set(self.words)) != len(self.words):
+            raise FedprivError("vocabulary words must be distinct")
+        if not self.words:
+            raise FedprivError("a vocabulary needs at least one word")
+        self._index = {w: i + 1 for i, w in enumerate(self.words)}
+        k = len(self.words)
+        self.pad, self.oov, self.bos, self.eos = PAD, k + 1, k + 2, k + 3
+
+    @classmethod
+    def from_counts(cls, counts: Counter | dict[str, int], size: int = 10_000) -> "WordVocab":
+        """The ``size`` most frequent words of a word -> count mapping."""
+        if size < 1:
+            raise FedprivError(f"vocabulary size must be >= 1, got {size}")
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        return cls(w for w, c in ranked[:size] if c > 0)
+
+    @classmethod
+    def build(cls, texts: Iterable[str], size: int = 10_000) -> "WordVocab":
+        """Count the space-separated words of ``texts`` (streamed) and keep the top ``size``."""
+        return cls.from_counts(count_words(texts), size)
+
+    def __len__(self) -> int:
+        """Number of ids, including the 4 special ones."""
+        return len(self.words) + 4
+
+    def id(self, word: str) -> int:
+        return self._index.get(word, self.oov)
+
+    def encode(self, text: str, seq_len: int = 20) -> np.ndarray:
+        """One example -> int32 array of length ``seq_len + 1`` (see the module docstring)."""
+        out = np.zeros(seq_len + 1, dtype=np.int32)
+        ids = [self._index.get(w, self.oov) for w in text.split()[:seq_len]]
+        out[0] = self.bos
+        out[1 : 1 + len(ids)] = ids
+        if len(ids) < seq_len:
+            out[1 + len(ids)] = self.eos
+        return out
+
+    def encode_batch(self, texts: Iterable[str], seq_len: int = 20) -> np.ndarray:
+        """Many examples -> int32 array of shape (n, seq_len + 1)."""
+        rows = [self.encode(t, seq_len) for t in texts]
+        if not rows:
+            return np.zeros((0, seq_len + 1), dtype=np.int32)
+        return np.stack(rows)
+
+    def decode(self, ids: Iterable[int]) -> list[str]:
+        """Ids -> tokens, with ``<pad>``, ``<oov>``, ``<bos>``, ``<eos>`` for the special ids."""
+        special = {self.pad: "<pad>", self.oov: "<oov>", self.bos: "<bos>", self.eos: "<eos>"}
+        return [special[i] if i in special else self.words[i - 1] for i in map(int, ids)]
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        """JSON: ``{"format": "fedpriv-word-vocab", "words": [...]}`` (written atomically)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".partial")
+        tmp.write_text(json.dumps({"format": "fedpriv-word-vocab", "version": 1, "words": list(self.words)}))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> "WordVocab":
+        try:
+            obj = json.loads(Path(path).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise DataFormatError(path, None, f"not a readable vocabulary file ({e})") from None
+        if not isinstance(obj, dict) or obj.get("format") != "fedpriv-word-vocab" or not isinstance(obj.get("words"), list):
+            raise DataFormatError(path, None, "not a fedpriv word vocabulary")
+        return cls(obj["words"])
+
+
+def count_words(texts: Iterable[str]) -> Counter:
+    """Word counts of space-separated texts, streamed (one text in memory at a time)."""
+    counts: Counter = Counter()
+    for t in texts:
+        counts.update(t.split())
+    return counts

@@ -1,0 +1,45 @@
+"""Experiment configs: TOML validated against the schema, errors naming the key path."""
+
+import pytest
+
+from fedpriv.config import load_config, validate_config
+from fedpriv.errors import ConfigError
+
+
+def test_demo_config_is_valid():
+    cfg = load_config("experiments/demo.toml")
+    assert cfg.name == "demo" and cfg.data.source == "shakespeare" and cfg.vocab.size == 10_000
+
+
+def test_defaults():
+    cfg = validate_config({"name": "x"})
+    assert cfg.seed == 0 and cfg.data.heldout_fraction == 0.1 and cfg.vocab.seq_len == 20
+
+
+@pytest.mark.parametrize(
+    "raw, message",
+    [
+        ({"name": "x", "data": {"sorce": "shakespeare"}}, r"data\.sorce: unknown key"),
+        ({"name": "x", "vocab": {"size": "big"}}, r"vocab\.size: Input should be a valid integer"),
+        ({"name": "x", "vocab": {"size": 0}}, r"vocab\.size: Input should be greater than or equal to 1"),
+        ({"name": "x", "data": {"heldout_fraction": 1.5}}, r"data\.heldout_fraction: Input should be less than 1"),
+        ({"name": "x", "seed": 1.5}, r"seed: Input should be a valid integer"),
+        ({"name": "x", "training": {}}, r"training: unknown key"),
+        ({}, r"name: Field required"),
+    ],
+)
+def test_bad_keys_and_types_are_refused_by_path(raw, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(raw, "exp.toml")
+
+
+def test_toml_errors_name_the_file(tmp_path):
+    p = tmp_path / "bad.toml"
+    p.write_text('name = "x"\n[data\nsource = 1\n')
+    with pytest.raises(ConfigError, match=r"bad.toml: TOML syntax error.*line 2"):
+        load_config(p)
+    p.write_text('name = "x"\n[data]\nsource = 3\n')
+    with pytest.raises(ConfigError, match=r"bad.toml: data\.source: Input should be a valid string"):
+        load_config(p)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(tmp_path / "missing.toml")

@@ -1,0 +1,172 @@
+"""FederatedCorpus: order rules, records, IID resharding, splits, filters, on-disk spill."""
+
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from fedpriv.data.corpus import FederatedCorpus, stable_unit_hash
+from fedpriv.data.examples import TaggedExample, TextExample
+from fedpriv.data.shakespeare import load_shakespeare
+from fedpriv.data.stores import user_sort_key
+from fedpriv.errors import EmptyCorpusError, FedprivError
+
+
+def small() -> FederatedCorpus:
+    return FederatedCorpus.from_dict(
+        {
+            "10": [TextExample("j k", 30.0)],
+            "2": [TextExample("a b", 10.0), TextExample("c", 20.0), TextExample("d e f", 40.0)],
+            "bob": [TextExample("x", 5.0), TextExample("y", 50.0)],
+            "empty": [],
+        },
+        name="small",
+    )
+
+
+def test_users_in_natural_order_and_records_flatten_them():
+    c = small()
+    assert list(c.user_ids) == ["2", "10", "bob"]  # numeric ids numerically, empty user dropped
+    assert c.counts().tolist() == [3, 1, 2]
+    assert [e.text for e in c.records()] == ["a b", "c", "d e f", "j k", "x", "y"]
+    assert [u for u, _ in c.users()] == list(c.user_ids)
+    assert c.num_examples == 6
+
+
+def test_user_sort_key_orders_numbers_numerically():
+    ids = ["100", "9", "009", "a", "B", "10"]
+    assert sorted(ids, key=user_sort_key) == ["009", "9", "10", "100", "B", "a"]
+
+
+def test_unknown_user_is_a_fedpriv_error():
+    with pytest.raises(FedprivError, match="no user 'nobody'"):
+        small().examples("nobody")
+
+
+def test_empty_corpus_refused():
+    with pytest.raises(EmptyCorpusError):
+        FederatedCorpus.from_dict({"a": [], "b": []})
+    with pytest.raises(EmptyCorpusError):
+        FederatedCorpus.from_stream(iter([]), "text")
+
+
+def test_mixed_kinds_refused():
+    with pytest.raises(FedprivError, match="mixed"):
+        FederatedCorpus.from_dict({"a": [TextExample("x")], "b": [TaggedExample(("x",), ("O",))]})
+
+
+def _multiset(corpus):
+    return Counter(e.text for e in corpus.records())
+
+
+def test_resharded_iid_keeps_users_counts_and_records():
+    c = load_shakespeare()
+    r = c.resharded_iid(seed=7)
+    assert r.num_users == c.num_users
+    assert r.counts().tolist() == c.counts().tolist()
+    assert [len(exs) for _, exs in r.users()] == c.counts().tolist()
+    assert _multiset(r) == _multiset(c)
+    # The records really are shuffled across users: most synthetic users mix several speakers.
+    speaker_of = {}
+    for u, exs in c.users():
+        for e in exs:
+            speaker_of.setdefault(e.text, set()).add(u)
+    big = [exs for _, exs in r.users() if len(exs) >= 20]
+    mixed = sum(len(set().union(*(speaker_of[e.text] for e in exs))) > 3 for exs in big)
+    assert mixed >= 0.9 * len(big)
+
+
+def test_resharded_iid_is_deterministic_by_seed():
+    c = load_shakespeare()
+    a = [e.text for e in c.resharded_iid(1).records()]
+    b = [e.text for e in c.resharded_iid(1).records()]
+    d = [e.text for e in c.resharded_iid(2).records()]
+    assert a == b
+    assert a != d
+
+
+def test_heldout_split_is_stable_and_partitions_users():
+    c = load_shakespeare()
+    train, held = c.split_heldout_users(0.2)
+    assert set(train.user_ids).isdisjoint(held.user_ids)
+    assert set(train.user_ids) | set(held.user_ids) == set(c.user_ids)
+    assert 0.1 < held.num_users / c.num_users < 0.3
+    # Stable: a user's side depends only on its id and the salt, not on the other users.
+    sub = c.subset(list(c.user_ids)[:50])
+    _, held_sub = sub.split_heldout_users(0.2)
+    assert set(held_sub.user_ids) == set(held.user_ids) & set(sub.user_ids)
+    assert all(stable_unit_hash(u, "fedpriv-heldout") < 0.2 for u in held.user_ids)
+    # A different salt gives a different split.
+    _, held2 = c.split_heldout_users(0.2, salt="other")
+    assert set(held2.user_ids) != set(held.user_ids)
+
+
+def test_heldout_split_refuses_bad_fraction_and_empty_side():
+    with pytest.raises(FedprivError, match="fraction"):
+        small().split_heldout_users(1.0)
+    with pytest.raises(EmptyCorpusError):
+        small().split_heldout_users(1e-9)
+
+
+def test_split_by_time():
+    before, after = small().split_by_time(25.0)
+    assert {u: [e.text for e in exs] for u, exs in before.users()} == {"2": ["a b", "c"], "bob": ["x"]}
+    assert {u: [e.text for e in exs] for u, exs in after.users()} == {"2": ["d e f"], "10": ["j k"], "bob": ["y"]}
+    iso_before, _ = small().split_by_time("1970-01-01T00:00:25")
+    assert iso_before.user_ids == before.user_ids
+
+
+def test_split_by_time_needs_timestamps_and_nonempty_sides():
+    no_time = FederatedCorpus.from_dict({"a": [TextExample("x")]})
+    with pytest.raises(FedprivError, match="timestamps"):
+        no_time.split_by_time(0)
+    with pytest.raises(EmptyCorpusError, match="no user has any example left"):
+        small().split_by_time(0.0)
+
+
+def test_filters():
+    c = small()
+    assert list(c.with_min_examples(2).user_ids) == ["2", "bob"]
+    with pytest.raises(EmptyCorpusError):
+        c.with_min_examples(10)
+    t = c.truncated(1)
+    assert t.counts().tolist() == [1, 1, 1]
+    assert [e.text for e in t.records()] == ["a b", "j k", "x"]
+
+
+def test_sample_users_is_deterministic_and_without_replacement():
+    c = load_shakespeare()
+    a, b = c.sample_users(50, seed=3), c.sample_users(50, seed=3)
+    assert list(a.user_ids) == list(b.user_ids)
+    assert len(set(a.user_ids)) == 50
+    assert list(c.sample_users(50, seed=4).user_ids) != list(a.user_ids)
+    with pytest.raises(FedprivError):
+        c.sample_users(c.num_users + 1, seed=0)
+
+
+def test_spill_to_disk_gives_the_same_corpus(tmp_path):
+    c = load_shakespeare()
+    pairs = ((u, e) for u, exs in c.users() for e in exs)
+    disk = FederatedCorpus.from_stream(pairs, "text", spill_to=tmp_path / "s.sqlite")
+    assert list(disk.user_ids) == list(c.user_ids)
+    assert disk.counts().tolist() == c.counts().tolist()
+    assert list(disk.records()) == list(c.records())
+    assert np.array_equal(disk.resharded_iid(5).counts(), c.counts())
+    assert [e.text for e in disk.resharded_iid(5).records()] == [e.text for e in c.resharded_iid(5).records()]
+
+
+def test_spill_failure_leaves_no_file(tmp_path):
+    def bad_stream():
+        yield "a", TextExample("x")
+        raise FedprivError("source broke")
+
+    target = tmp_path / "s.sqlite"
+    with pytest.raises(FedprivError, match="source broke"):
+        FederatedCorpus.from_stream(bad_stream(), "text", spill_to=target)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_tagged_examples_spill_round_trip(tmp_path):
+    ex = TaggedExample(("Empire", "State"), ("B-location", "I-location"), 1.5)
+    disk = FederatedCorpus.from_stream([("u", ex)], "tagged", spill_to=tmp_path / "t.sqlite")
+    assert disk.examples("u") == [ex]
