@@ -1,0 +1,489 @@
+"""The TensorFlow Federated Stack Overflow SQLite file, read without TensorFlow.
+
+TFF's ``tff.simulation.datasets.stackoverflow.load_data`` uses one SQLite file with two tables::
+
+    examples(split_name TEXT NOT NULL, client_id TEXT NOT NULL, serialized_example_proto BLOB NOT NULL)
+    client_metadata(client_id TEXT NOT NULL, split_name TEXT NOT NULL, num_examples INTEGER NOT NULL)
+
+Splits are ``train``, ``heldout`` and ``test``. Each row is one serialized ``tf.train.Example``
+with the bytes features ``tokens`` (space-separated, lowercased tokens), ``title``, ``tags``
+('|'-separated), ``creation_date`` (UTC, e.g. ``'2010-01-08 09:34:05 UTC'`` or
+``'2008-08-10 08:28:52.1 UTC'``), ``type`` ('question' or 'answer') and the int64 feature ``score``.
+
+The protobuf wire format is decoded and encoded by hand below (only what ``tf.train.Example``
+needs), so neither TensorFlow nor the ``protobuf`` package is required.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sqlite3
+import struct
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import numpy as np
+
+from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.data.examples import Example, TextExample
+from fedpriv.data.stores import UserStore, user_sort_key
+from fedpriv.errors import DataFormatError, FedprivError, SourceError
+
+# ---- protobuf wire format for tf.train.Example ----------------------------------------------------
+#
+# Example{Features features=1}  Features{map<string, Feature> feature=1}
+# Feature{oneof kind {BytesList bytes_list=1; FloatList float_list=2; Int64List int64_list=3}}
+# BytesList{repeated bytes value=1}  FloatList{repeated float value=1 [packed]}
+# Int64List{repeated int64 value=1 [packed]}
+#
+# A decoded feature is ``(kind, values)`` with kind "bytes", "float" or "int64" (``None`` for a
+# Feature with no kind set).
+
+Feature = tuple[str | None, list]
+
+_VARINT, _I64, _LEN, _I32 = 0, 1, 2, 5
+_KIND_FIELD = {"bytes": 1, "float": 2, "int64": 3}
+_FIELD_KIND = {v: k for k, v in _KIND_FIELD.items()}
+
+
+class _Corrupt(Exception):
+    """Internal: the bytes are not a valid message (turned into DataFormatError by the caller)."""
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """Read an unsigned varint (at most 10 bytes, value kept to 64 bits); return (value, new pos)."""
+    value = shift = 0
+    for i in range(pos, min(pos + 10, len(buf))):
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value & 0xFFFFFFFFFFFFFFFF, i + 1
+        shift += 7
+    if len(buf) - pos >= 10:
+        raise _Corrupt(f"varint longer than 10 bytes at byte {pos}")
+    raise _Corrupt(f"truncated varint at byte {pos}")
+
+
+def _fields(buf: bytes):
+    """Yield ``(field_number, wire_type, value)`` for each field; LEN values are bytes, others ints."""
+    pos, end = 0, len(buf)
+    while pos < end:
+        start = pos
+        key, pos = _varint(buf, pos)
+        number, wire = key >> 3, key & 7
+        if not 0 < number < 1 << 29:
+            raise _Corrupt(f"invalid field number {number} at byte {start}")
+        if wire == _VARINT:
+            value, pos = _varint(buf, pos)
+        elif wire in (_I64, _I32):
+            size = 8 if wire == _I64 else 4
+            if pos + size > end:
+                raise _Corrupt(f"truncated fixed-width field at byte {start}")
+            value, pos = int.from_bytes(buf[pos : pos + size], "little"), pos + size
+        elif wire == _LEN:
+            size, pos = _varint(buf, pos)
+            if pos + size > end:
+                raise _Corrupt(f"length {size} at byte {start} runs past the end ({end} bytes)")
+            value, pos = buf[pos : pos + size], pos + size
+        else:
+            raise _Corrupt(f"unsupported wire type {wire} at byte {start}")
+        yield number, wire, value
+
+
+def _decode_values(kind: str, buf: bytes) -> list:
+    out: list = []
+    for number, wire, value in _fields(buf):
+        if number != 1:
+            continue
+        if kind == "bytes" and wire == _LEN:
+            out.append(value)
+        elif kind == "float" and wire == _LEN:  # packed
+            if len(value) % 4:
+                raise _Corrupt(f"packed floats of {len(value)} bytes (not a multiple of 4)")
+            out.extend(x for (x,) in struct.iter_unpack("<f", value))
+        elif kind == "float" and wire == _I32:
+            out.append(struct.unpack("<f", value.to_bytes(4, "little"))[0])
+        elif kind == "int64" and wire == _VARINT:
+            out.append(_int64(value))
+        elif kind == "int64" and wire == _LEN:  # packed
+            pos = 0
+            while pos < len(value):
+                v, pos = _varint(value, pos)
+                out.append(_int64(v))
+    return out
+
+
+def _int64(v: int) -> int:
+    return v - (1 << 64) if v >= 1 << 63 else v
+
+
+def _decode_feature(buf: bytes) -> Feature:
+    kind, values = None, []
+    for number, wire, value in _fields(buf):
+        if number in _FIELD_KIND and wire == _LEN:
+            new = _FIELD_KIND[number]
+            # oneof: a different member replaces; the same member merges (repeated fields append)
+            values = (values if new == kind else []) + _decode_values(new, value)
+            kind = new
+    return kind, values
+
+
+def decode_example(
+    data: bytes, path: str | os.PathLike[str] = "<bytes>", where: int | str | None = None
+) -> dict[str, Feature]:
+    """Parse a serialized ``tf.train.Example`` into ``{name: (kind, values)}``.
+
+    As protobuf does: unknown fields (or known ones with an unexpected wire type) are skipped,
+    a repeated map key keeps its last value, repeated message occurrences merge.
+    Raises :class:`DataFormatError` (naming ``path`` and ``where``) on truncated or corrupt bytes.
+    """
+    try:
+        features: dict[str, Feature] = {}
+        for number, wire, value in _fields(data):
+            if number != 1 or wire != _LEN:
+                continue
+            for n2, w2, entry in _fields(value):
+                if n2 != 1 or w2 != _LEN:
+                    continue
+                name, feat = "", b""
+                for n3, w3, v3 in _fields(entry):
+                    if n3 == 1 and w3 == _LEN:  # string key: the last counts, each must be UTF-8
+                        try:
+                            name = v3.decode("utf-8")
+                        except UnicodeDecodeError:
+                            raise _Corrupt("feature name is not valid UTF-8") from None
+                    elif n3 == 2 and w3 == _LEN:  # message value: occurrences merge = concatenate
+                        feat += v3
+                features[name] = _decode_feature(feat)
+        return features
+    except _Corrupt as e:
+        raise DataFormatError(path, where, f"corrupt tf.train.Example: {e}") from None
+
+
+def _uvarint(n: int) -> bytes:
+    n &= 0xFFFFFFFFFFFFFFFF  # negative int64 -> two's complement, 10 bytes
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def _len_field(number: int, payload: bytes) -> bytes:
+    return _uvarint(number << 3 | _LEN) + _uvarint(len(payload)) + payload
+
+
+def _as_feature(value) -> Feature:
+    """Accept ``(kind, values)``, or a scalar / non-empty list whose kind is inferred from its type."""
+    if isinstance(value, tuple) and len(value) == 2 and (value[0] is None or value[0] in _KIND_FIELD):
+        return value[0], list(value[1])
+    values = list(value) if isinstance(value, (list, tuple)) else [value]
+    if not values:
+        raise FedprivError("cannot infer the kind of an empty feature list; pass (kind, [])")
+    if all(isinstance(v, (bytes, str)) for v in values):
+        return "bytes", values
+    if all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in values):
+        return "int64", values
+    if all(isinstance(v, (float, int, np.floating, np.integer)) for v in values):
+        return "float", values
+    raise FedprivError(f"cannot encode feature values {values[:3]!r}: expected bytes/str, int or float")
+
+
+def encode_example(features: Mapping[str, object]) -> bytes:
+    """Serialize ``{name: feature}`` as a ``tf.train.Example``: map entries in bytewise key order,
+    numeric lists packed, floats as float32 (protobuf's deterministic serialization; upb's differs
+    only in putting a key after its extensions, "ab" before "a", with the same entry bytes)."""
+    entries = []
+    for name in sorted(features, key=lambda k: k.encode("utf-8")):
+        kind, values = _as_feature(features[name])
+        if kind is None:
+            feat = b""
+        elif kind == "bytes":
+            body = b"".join(_len_field(1, v.encode("utf-8") if isinstance(v, str) else bytes(v)) for v in values)
+            feat = _len_field(_KIND_FIELD[kind], body)
+        else:
+            if kind == "float":
+                try:
+                    packed = struct.pack(f"<{len(values)}f", *values)
+                except (OverflowError, struct.error) as e:
+                    raise FedprivError(f"float feature {name!r}: {e}") from None
+            else:
+                for v in values:
+                    if not -(1 << 63) <= int(v) < 1 << 63:
+                        raise FedprivError(f"int64 feature {name!r} value out of range: {v}")
+                packed = b"".join(_uvarint(int(v)) for v in values)
+            feat = _len_field(_KIND_FIELD[kind], _len_field(1, packed) if packed else b"")
+        entries.append(_len_field(1, _len_field(1, name.encode("utf-8")) + _len_field(2, feat)))
+    return _len_field(1, b"".join(entries)) if entries else b""
+
+
+# ---- creation_date ----------------------------------------------------------------------------------
+
+_DATE = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)(?:[ T](\d\d):(\d\d)(?::(\d\d)(\.\d+)?)?)?"
+    r"\s*(UTC|GMT|Z|[+-]\d\d:?\d\d)?"
+)
+
+
+def parse_creation_date(text: str) -> float | None:
+    """Epoch seconds (UTC) of a TFF ``creation_date`` such as ``'2010-01-08 09:34:05 UTC'``,
+    ``'2008-08-10 08:28:52.1 UTC'`` or ISO-8601 with an offset; no zone means UTC.
+    ``None`` for an empty string; ``ValueError`` when the text is not a date."""
+    text = text.strip()
+    if not text:
+        return None
+    m = _DATE.fullmatch(text)
+    if m is None:
+        raise ValueError(f"not a date: {text!r}")
+    y, mo, d, h, mi, s, frac, zone = m.groups()
+    tz = timezone.utc
+    if zone and zone[0] in "+-":
+        sign = -1 if zone[0] == "-" else 1
+        digits = zone[1:].replace(":", "")
+        tz = timezone(sign * timedelta(hours=int(digits[:2]), minutes=int(digits[2:])))
+    t = datetime(int(y), int(mo), int(d), int(h or 0), int(mi or 0), int(s or 0), tzinfo=tz)
+    return t.timestamp() + (float(frac) if frac else 0.0)
+
+
+def format_creation_date(t: float | str | datetime) -> str:
+    """TFF's text form ``'YYYY-MM-DD HH:MM:SS[.f] UTC'`` of epoch seconds or a datetime (naive means
+    UTC); a string is returned unchanged."""
+    if isinstance(t, str):
+        return t
+    if isinstance(t, datetime):
+        t = (t if t.tzinfo else t.replace(tzinfo=timezone.utc)).timestamp()
+    whole, micros = divmod(round(t * 1_000_000), 1_000_000)
+    text = datetime.fromtimestamp(whole, timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    frac = f".{micros:06d}".rstrip("0") if micros else ""
+    return f"{text}{frac} UTC"
+
+
+# ---- the store --------------------------------------------------------------------------------------
+
+FIELDS = ("tokens", "title")
+_EXAMPLE_COLUMNS = {"split_name", "client_id", "serialized_example_proto"}
+_METADATA_COLUMNS = {"client_id", "split_name", "num_examples"}
+
+
+class TffSqliteStore(UserStore):
+    """One split of a TFF SQLite file; a client's rows are read and decoded only when asked.
+
+    Users are the split's clients (from ``client_metadata`` when it lists the split, else from
+    ``examples``), in :func:`user_sort_key` order. Each row becomes a :class:`TextExample` whose text
+    is the ``field`` feature ("tokens" or "title") with whitespace collapsed to single spaces and
+    whose timestamp is ``creation_date`` in epoch seconds (``None`` when absent or empty).
+    """
+
+    kind = "text"
+
+    def __init__(self, path: str | os.PathLike[str], split: str = "train", field: str = "tokens"):
+        if field not in FIELDS:
+            raise FedprivError(f"field must be one of {FIELDS}, got {field!r}")
+        self.path = Path(path)
+        self.split = split
+        self.field = field
+        if not self.path.is_file():
+            raise SourceError(f"{self.path}: no such file")
+        uri = self.path.resolve().as_uri() + "?mode=ro"
+        self._con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        self._counts: np.ndarray | None = None
+        try:
+            self._open()
+        except sqlite3.DatabaseError as e:
+            self._con.close()
+            raise DataFormatError(self.path, None, f"not a readable SQLite file ({e})") from None
+        except BaseException:
+            self._con.close()
+            raise
+
+    def _columns(self, table: str) -> set[str]:
+        return {r[1] for r in self._con.execute(f"PRAGMA table_info({table})")}
+
+    def _open(self) -> None:
+        tables = {r[0] for r in self._con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        if "examples" not in tables:
+            raise DataFormatError(self.path, None, "not a TFF SQLite file: no 'examples' table")
+        missing = _EXAMPLE_COLUMNS - self._columns("examples")
+        if missing:
+            raise DataFormatError(self.path, None, f"table 'examples' lacks columns {sorted(missing)}")
+        self._has_meta = "client_metadata" in tables
+        if self._has_meta:
+            missing = _METADATA_COLUMNS - self._columns("client_metadata")
+            if missing:
+                raise DataFormatError(self.path, None, f"table 'client_metadata' lacks columns {sorted(missing)}")
+        meta = (
+            self._con.execute(
+                "SELECT client_id, num_examples FROM client_metadata WHERE split_name=?", (self.split,)
+            ).fetchall()
+            if self._has_meta
+            else []
+        )
+        if meta:
+            self._meta_counts: dict[str, int] | None = {str(c): int(n) for c, n in meta}
+            ids = list(self._meta_counts)
+        else:
+            self._meta_counts = None
+            ids = [
+                str(r[0])
+                for r in self._con.execute("SELECT DISTINCT client_id FROM examples WHERE split_name=?", (self.split,))
+            ]
+        if not ids:
+            raise FedprivError(f"{self.path}: no split {self.split!r}; the file has splits {self.splits()}")
+        self._ids = tuple(sorted(ids, key=user_sort_key))
+        self._id_set = frozenset(self._ids)
+
+    def splits(self) -> list[str]:
+        """The split names in the file (from ``client_metadata`` when it has any, else ``examples``)."""
+        table = "client_metadata" if self._has_meta else "examples"
+        names = [r[0] for r in self._con.execute(f"SELECT DISTINCT split_name FROM {table}")]
+        if not names and self._has_meta:
+            names = [r[0] for r in self._con.execute("SELECT DISTINCT split_name FROM examples")]
+        return sorted(str(n) for n in names)
+
+    def user_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def counts(self) -> np.ndarray:
+        """Examples per user, from ``client_metadata`` when it covers the split (trusted as written),
+        else one ``GROUP BY`` over the split's rows."""
+        if self._counts is None:
+            got = self._meta_counts
+            if got is None:
+                got = dict(
+                    self._con.execute(
+                        "SELECT client_id, COUNT(*) FROM examples WHERE split_name=? GROUP BY client_id", (self.split,)
+                    )
+                )
+            self._counts = np.array([got.get(u, 0) for u in self._ids], dtype=np.int64)
+        return self._counts
+
+    def examples(self, user_id: str) -> list[Example]:
+        if user_id not in self._id_set:
+            raise KeyError(user_id)
+        try:
+            rows = self._con.execute(
+                "SELECT rowid, serialized_example_proto FROM examples WHERE split_name=? AND client_id=? ORDER BY rowid",
+                (self.split, user_id),
+            ).fetchall()
+        except sqlite3.DatabaseError as e:
+            raise DataFormatError(self.path, f"client {user_id}", f"cannot read rows ({e})") from None
+        return [self._example(user_id, rowid, blob) for rowid, blob in rows]
+
+    def _example(self, user_id: str, rowid: int, blob: object) -> TextExample:
+        where = f"client {user_id}, row {rowid}"
+        if not isinstance(blob, bytes):
+            raise DataFormatError(self.path, where, f"serialized_example_proto is {type(blob).__name__}, not a BLOB")
+        feats = decode_example(blob, self.path, where)
+
+        def text_of(name: str, required: bool) -> str | None:
+            if name not in feats:
+                if required:
+                    raise DataFormatError(self.path, where, f"no feature {name!r}")
+                return None
+            kind, values = feats[name]
+            if kind != "bytes" or len(values) != 1:
+                raise DataFormatError(self.path, where, f"feature {name!r} is not a single bytes value")
+            try:
+                return values[0].decode("utf-8")
+            except UnicodeDecodeError:
+                raise DataFormatError(self.path, where, f"feature {name!r} is not valid UTF-8") from None
+
+        text = " ".join(text_of(self.field, True).split())
+        date = text_of("creation_date", False)
+        try:
+            stamp = parse_creation_date(date) if date is not None else None
+        except ValueError as e:
+            raise DataFormatError(self.path, where, f"creation_date: {e}") from None
+        return TextExample(text, stamp)
+
+    def close(self) -> None:
+        self._con.close()
+
+
+def load_tff_sqlite(path: str | os.PathLike[str], split: str = "train", field: str = "tokens") -> FederatedCorpus:
+    """A lazy corpus over one split (``train``, ``heldout`` or ``test``) of TFF's Stack Overflow file."""
+    return FederatedCorpus(TffSqliteStore(path, split, field), name=f"stackoverflow-tff:{split}")
+
+
+# ---- writer -----------------------------------------------------------------------------------------
+
+_SCHEMA = """
+CREATE TABLE examples (
+    split_name TEXT NOT NULL,
+    client_id TEXT NOT NULL,
+    serialized_example_proto BLOB NOT NULL);
+CREATE INDEX idx_examples_client_id ON examples (client_id);
+CREATE INDEX idx_examples_client_id_split ON examples (split_name, client_id);
+CREATE TABLE client_metadata (
+    client_id TEXT NOT NULL,
+    split_name TEXT NOT NULL,
+    num_examples INTEGER NOT NULL);
+CREATE INDEX idx_metadata_client_id ON client_metadata (client_id);
+"""
+
+_DEFAULTS = {"title": "", "tags": "", "creation_date": "", "score": 0, "type": "answer"}
+
+
+def _record_features(rec: Mapping) -> dict[str, Feature]:
+    unknown = set(rec) - {"tokens", *_DEFAULTS}
+    if unknown:
+        raise FedprivError(f"unknown Stack Overflow example keys {sorted(unknown)}")
+    if "tokens" not in rec:
+        raise FedprivError("a Stack Overflow example needs 'tokens'")
+    r = {**_DEFAULTS, **rec}
+    tags = r["tags"] if isinstance(r["tags"], str) else "|".join(r["tags"])
+    date = r["creation_date"]
+    return {
+        "creation_date": ("bytes", [format_creation_date(date) if date not in ("", None) else ""]),
+        "score": ("int64", [int(r["score"])]),
+        "tags": ("bytes", [tags]),
+        "title": ("bytes", [r["title"]]),
+        "tokens": ("bytes", [r["tokens"]]),
+        "type": ("bytes", [r["type"]]),
+    }
+
+
+def write_tff_sqlite(
+    path: str | os.PathLike[str],
+    clients: Mapping[str, Sequence[Mapping]],
+    split: str = "train",
+    *,
+    splits: Mapping[str, Mapping[str, Sequence[Mapping]]] | None = None,
+) -> Path:
+    """Write a file in TFF's exact schema (both tables and TFF's indexes).
+
+    ``clients`` maps client id -> examples of ``split``; ``splits`` adds more ``{split: clients}``.
+    An example is a dict with ``tokens`` (required) and optional ``title``, ``tags`` (str or list,
+    joined with '|'), ``creation_date`` (TFF text, epoch seconds or datetime), ``score`` (int) and
+    ``type`` (default 'answer'). Rows keep the given order; clients with no example are left out.
+    Written to ``<path>.partial`` and renamed, so a failed write leaves no file behind.
+    """
+    everything = {split: clients, **(splits or {})}
+    if splits and split in splits:
+        raise FedprivError(f"split {split!r} given twice")
+    path = Path(path)
+    tmp = path.with_name(path.name + ".partial")
+    tmp.unlink(missing_ok=True)
+    con = sqlite3.connect(str(tmp))
+    try:
+        con.executescript(_SCHEMA)
+        for split_name, users in everything.items():
+            for client_id, records in users.items():
+                if not records:
+                    continue
+                con.executemany(
+                    "INSERT INTO examples VALUES (?, ?, ?)",
+                    [(split_name, str(client_id), encode_example(_record_features(r))) for r in records],
+                )
+                con.execute("INSERT INTO client_metadata VALUES (?, ?, ?)", (str(client_id), split_name, len(records)))
+        con.commit()
+    except BaseException:
+        con.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    con.close()
+    os.replace(tmp, path)
+    return path
