@@ -1,0 +1,177 @@
+"""Load a LOCAL Hugging Face dataset (a ``datasets.Dataset`` or a ``save_to_disk`` folder) as a corpus.
+
+Users are the natural ids of ``user_column``, partitioned with flwr-datasets'
+``NaturalIdPartitioner``; a user's examples are built only when asked (one partition at a time).
+Column rules are those of :mod:`fedpriv.data.tabular` (lists of strings for tagged mode; tag
+columns of ``ClassLabel`` ints are mapped to their names). This module never reaches the Hub:
+it sets ``HF_DATASETS_OFFLINE=1`` and ``HF_HUB_OFFLINE=1`` (unless already set) on import.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import TYPE_CHECKING, Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from fedpriv.data.corpus import FederatedCorpus  # noqa: E402
+from fedpriv.data.examples import Example  # noqa: E402
+from fedpriv.data.stores import UserStore, user_sort_key  # noqa: E402
+from fedpriv.data.tabular import RowConverter, RowError  # noqa: E402
+from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError  # noqa: E402
+
+if TYPE_CHECKING:
+    import datasets
+
+_BATCH_ROWS = 4096
+
+
+class HFNaturalIdStore(UserStore):
+    """Users of a ``datasets.Dataset`` by the natural id in one column; examples built per user on request.
+
+    Construction makes one batched pass over the needed columns to validate every row and count
+    each user's non-empty examples (memory: one batch plus a count per user).
+    """
+
+    def __init__(self, ds: "datasets.Dataset", conv: RowConverter, label: str, tag_names: Sequence[str] | None = None):
+        from flwr_datasets.partitioner import NaturalIdPartitioner
+
+        self.kind = conv.kind
+        self._conv = conv
+        self._label = label
+        self._tag_names = list(tag_names) if tag_names is not None else None
+        self._ds = ds.with_format(None).select_columns(conv.columns)
+
+        counts: dict[str, int] = {}
+        row = 0
+        for batch in self._ds.iter(batch_size=_BATCH_ROWS):
+            for out in self._convert_batch(batch, first_row=row):
+                if out is not None:
+                    counts[out[0]] = counts.get(out[0], 0) + 1
+            row += len(batch[conv.user_column])
+
+        self._partitioner = NaturalIdPartitioner(partition_by=conv.user_column)
+        self._partitioner.dataset = self._ds
+        _ = self._partitioner.num_partitions  # builds partition_id_to_natural_id
+        self._pid = {str(nid): pid for pid, nid in self._partitioner.partition_id_to_natural_id.items()}
+        self._ids = tuple(sorted((u for u in self._pid if counts.get(u)), key=user_sort_key))
+        self._counts = np.array([counts[u] for u in self._ids], dtype=np.int64)
+        self._has = frozenset(self._ids)
+
+    def _convert_batch(self, batch: dict[str, list[Any]], first_row: int | None) -> list[tuple[str, Example] | None]:
+        cols = self._conv.columns
+        n = len(batch[cols[0]])
+        out = []
+        for i in range(n):
+            r = {c: batch[c][i] for c in cols}
+            try:
+                if self._tag_names is not None:
+                    r[self._conv.tags_column] = self._map_tags(r[self._conv.tags_column])
+                out.append(self._conv.convert(r))
+            except RowError as e:
+                where = f"row {first_row + i + 1}" if first_row is not None else f"example {i + 1} of a user"
+                raise DataFormatError(self._label, where, str(e)) from None
+        return out
+
+    def _map_tags(self, tags: Any) -> Any:
+        if not isinstance(tags, list):
+            return tags
+        names = self._tag_names
+        try:
+            return [names[t] if isinstance(t, int) and not isinstance(t, bool) and t >= 0 else t for t in tags]
+        except IndexError:
+            raise RowError(f"tag id out of range of the {len(names)} ClassLabel names") from None
+
+    def user_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def counts(self) -> np.ndarray:
+        return self._counts
+
+    def examples(self, user_id: str) -> list[Example]:
+        if user_id not in self._has:
+            raise KeyError(user_id)
+        part = self._partitioner.load_partition(self._pid[user_id])
+        return [out[1] for out in self._convert_batch(part.to_dict(), first_row=None) if out is not None]
+
+
+def _tag_class_names(feature: Any) -> list[str] | None:
+    """ClassLabel names when ``feature`` is a sequence of ClassLabel, else None."""
+    import datasets
+
+    inner = getattr(feature, "feature", None)
+    if isinstance(inner, datasets.ClassLabel):
+        return list(inner.names)
+    return None
+
+
+def load_hf_dataset(
+    dataset_or_path: "datasets.Dataset | datasets.DatasetDict | str | os.PathLike[str]",
+    *,
+    user_column: str,
+    text_column: str = "text",
+    tokens_column: str | None = None,
+    tags_column: str | None = None,
+    timestamp_column: str | None = None,
+    normalize_text: bool = True,
+    split: str | None = None,
+) -> FederatedCorpus:
+    """A corpus from a local ``datasets.Dataset`` or a folder written by ``save_to_disk``.
+
+    A ``DatasetDict`` needs ``split=`` to pick one split. Timestamps are epoch seconds UTC (see
+    :func:`fedpriv.data.tabular.parse_timestamp`). Raises :class:`SourceError` (no such folder,
+    not a saved dataset), :class:`FedprivError` (missing column, DatasetDict without split),
+    :class:`DataFormatError` (bad row, named ``"row N"``) or :class:`EmptyCorpusError`.
+    """
+    import datasets
+
+    conv = RowConverter(
+        user_column=user_column,
+        text_column=text_column,
+        tokens_column=tokens_column,
+        tags_column=tags_column,
+        timestamp_column=timestamp_column,
+        normalize_text=normalize_text,
+    )
+    if isinstance(dataset_or_path, (str, os.PathLike)):
+        path = Path(dataset_or_path)
+        if not path.is_dir():
+            raise SourceError(f"{path}: no such dataset folder (expected a directory written by Dataset.save_to_disk)")
+        try:
+            ds = datasets.load_from_disk(str(path))
+        except (FileNotFoundError, ValueError, OSError) as e:
+            raise SourceError(f"{path}: not a dataset saved with save_to_disk ({e})") from None
+        label, name = str(path), path.name
+    else:
+        ds = dataset_or_path
+        label = name = getattr(getattr(ds, "info", None), "dataset_name", None) or "hf-dataset"
+
+    if isinstance(ds, datasets.DatasetDict):
+        if split is None:
+            raise FedprivError(f"{label}: a DatasetDict with splits {sorted(ds)}; pass split= to pick one")
+        if split not in ds:
+            raise FedprivError(f"{label}: no split {split!r}; the splits are {sorted(ds)}")
+        ds = ds[split]
+        name = f"{name}[{split}]"
+    elif split is not None and isinstance(ds, datasets.Dataset):
+        raise FedprivError(f"{label}: split={split!r} given, but this is a single Dataset, not a DatasetDict")
+    if not isinstance(ds, datasets.Dataset):
+        raise FedprivError(f"{label}: expected a map-style datasets.Dataset or DatasetDict, got {type(ds).__name__}")
+
+    missing = [c for c in conv.columns if c not in ds.column_names]
+    if missing:
+        raise FedprivError(f"{label}: no column(s) {missing}; the dataset has columns {ds.column_names}")
+    if ds.num_rows == 0:
+        raise EmptyCorpusError(f"{label}: the dataset has no rows")
+
+    tag_names = _tag_class_names(ds.features[tags_column]) if tags_column is not None else None
+    store = HFNaturalIdStore(ds, conv, label, tag_names)
+    if not store.user_ids():
+        raise EmptyCorpusError(f"{label}: no examples (every row's text or token list is empty)")
+    return FederatedCorpus(store, name)

@@ -1,0 +1,347 @@
+"""Load a user-partitioned table (JSON Lines, CSV, TSV or Parquet) into a :class:`FederatedCorpus`.
+
+Every row is one example of one user. Columns (names configurable):
+
+* ``user_id``: a string or an integer (converted to ``str``); empty or null is an error.
+* Text mode (default): ``text``, a string, normalized with
+  :func:`fedpriv.data.tokenize.normalize` unless ``normalize_text=False`` (then it must already be
+  space-separated tokens).
+* Tagged mode (``tokens_column`` and ``tags_column`` both given): parallel token and tag
+  sequences of equal length. JSONL and Parquet hold lists of strings (Parquet list columns);
+  CSV/TSV hold space-separated strings (so a token cannot contain whitespace).
+* ``timestamp_column`` (optional): epoch seconds (a number, or a numeric string in CSV), an
+  ISO-8601 string (naive means UTC), or a Parquet timestamp/date; stored as epoch seconds UTC.
+
+Rows whose example is empty (text normalizing to nothing, or no tokens) are skipped. JSONL
+blank lines are skipped; so are CSV records with no fields (blank lines). CSV and TSV use the
+:mod:`csv` module's standard quoting (as pandas writes them), strictly: bad quoting is an error.
+
+Rows stream one at a time (Parquet: one record batch at a time), so with ``spill_to`` memory
+stays bounded whatever the file's size. Malformed input raises
+:class:`~fedpriv.errors.DataFormatError` naming the file and the 1-based line (JSONL, CSV; for
+a quoted multi-line CSV record, its last line) or ``"row N"`` (Parquet, 1-based).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+from collections.abc import Iterable, Iterator, Mapping
+from datetime import date, datetime, timezone
+from pathlib import Path
+
+from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.data.examples import Example, Kind, TaggedExample, TextExample
+from fedpriv.data.tokenize import normalize
+from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
+
+_FORMATS = {
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".json": "jsonl",
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".parquet": "parquet",
+    ".pq": "parquet",
+}
+_FORMAT_NAMES = {"jsonl": "jsonl", "json": "jsonl", "ndjson": "jsonl", "csv": "csv", "tsv": "tsv", "parquet": "parquet"}
+_PARQUET_BATCH_ROWS = 4096
+
+
+class RowError(Exception):
+    """One row is malformed; the loader adds the file and line (internal, never escapes a loader)."""
+
+
+def _type_name(v: object) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def _check_unicode(s: str, what: str) -> str:
+    # JSON "\ud800" escapes give lone surrogates, which cannot be written as UTF-8 later.
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise RowError(f"{what} holds invalid Unicode (a lone surrogate)") from None
+    return s
+
+
+def parse_timestamp(value: object) -> float:
+    """Epoch seconds (UTC) from a number, a numeric or ISO-8601 string (naive = UTC), a datetime or a date."""
+    if value is None:
+        raise RowError("missing (null) timestamp")
+    if isinstance(value, bool):
+        raise RowError(f"timestamp must be a number or an ISO-8601 string, got {value!r}")
+    try:
+        if isinstance(value, (int, float)):
+            t = float(value)
+        elif isinstance(value, str):
+            s = value.strip()
+            try:
+                t = float(s)
+            except ValueError:
+                try:
+                    dt = datetime.fromisoformat(s)
+                except ValueError:
+                    raise RowError(f"unparsable timestamp {value[:60]!r} (need epoch seconds or ISO-8601)") from None
+                t = (dt if dt.tzinfo else dt.replace(tzinfo=timezone.utc)).timestamp()
+        elif isinstance(value, datetime):
+            t = (value if value.tzinfo else value.replace(tzinfo=timezone.utc)).timestamp()
+        elif isinstance(value, date):
+            t = datetime(value.year, value.month, value.day, tzinfo=timezone.utc).timestamp()
+        else:
+            raise RowError(f"timestamp must be a number or an ISO-8601 string, got {_type_name(value)}")
+    except (OverflowError, OSError) as e:
+        raise RowError(f"timestamp {value!r} out of range ({e})") from None
+    if not math.isfinite(t):
+        raise RowError(f"timestamp {value!r} is not finite")
+    return t
+
+
+class RowConverter:
+    """Turns one row (a mapping of column name to value) into ``(user_id, example)``, or ``None`` for an
+    empty example. Shared by the table and Hugging Face loaders; raises :class:`RowError`."""
+
+    def __init__(
+        self,
+        *,
+        user_column: str,
+        text_column: str,
+        tokens_column: str | None,
+        tags_column: str | None,
+        timestamp_column: str | None,
+        normalize_text: bool,
+        split_strings: bool = False,
+    ):
+        if (tokens_column is None) != (tags_column is None):
+            raise FedprivError("tagged mode needs both tokens_column and tags_column (or neither, for text mode)")
+        self.user_column = user_column
+        self.text_column = text_column
+        self.tokens_column = tokens_column
+        self.tags_column = tags_column
+        self.timestamp_column = timestamp_column
+        self.normalize_text = normalize_text
+        self.split_strings = split_strings
+        self.kind: Kind = "text" if tokens_column is None else "tagged"
+        cols = [user_column] + ([text_column] if self.kind == "text" else [tokens_column, tags_column])
+        if timestamp_column is not None:
+            cols.append(timestamp_column)
+        self.columns: list[str] = list(dict.fromkeys(cols))
+
+    @staticmethod
+    def _get(row: Mapping, col: str) -> object:
+        try:
+            return row[col]
+        except KeyError:
+            raise RowError(f"missing column {col!r}") from None
+
+    def user_id(self, value: object) -> str:
+        if value is None:
+            raise RowError(f"null user id in column {self.user_column!r}")
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise RowError(f"user id must be a string or an integer, got {_type_name(value)}")
+        uid = _check_unicode(value, "the user id") if isinstance(value, str) else str(value)
+        if not uid.strip():
+            raise RowError(f"empty user id in column {self.user_column!r}")
+        return uid
+
+    def _str_list(self, row: Mapping, col: str) -> list[str]:
+        v = self._get(row, col)
+        if self.split_strings and isinstance(v, str):
+            return v.split()
+        if not isinstance(v, (list, tuple)):
+            want = "a space-separated string" if self.split_strings else "a list of strings"
+            raise RowError(f"column {col!r} must be {want}, got {_type_name(v)}")
+        for x in v:
+            if not isinstance(x, str):
+                raise RowError(f"column {col!r} must be a list of strings, holds a {_type_name(x)}")
+        _check_unicode("".join(v), f"column {col!r}")
+        return list(v)
+
+    def convert(self, row: Mapping) -> tuple[str, Example] | None:
+        uid = self.user_id(self._get(row, self.user_column))
+        ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
+        if self.kind == "text":
+            text = self._get(row, self.text_column)
+            if not isinstance(text, str):
+                raise RowError(f"column {self.text_column!r} must be a string, got {_type_name(text)}")
+            _check_unicode(text, f"column {self.text_column!r}")
+            if self.normalize_text:
+                text = normalize(text)
+            if not text.strip():
+                return None
+            return uid, TextExample(text, ts)
+        tokens = self._str_list(row, self.tokens_column)  # type: ignore[arg-type]
+        tags = self._str_list(row, self.tags_column)  # type: ignore[arg-type]
+        if len(tokens) != len(tags):
+            raise RowError(f"{len(tokens)} tokens but {len(tags)} tags")
+        if not tokens:
+            return None
+        return uid, TaggedExample(tuple(tokens), tuple(tags), ts)
+
+
+# ---- readers: each yields (location, row mapping), raising DataFormatError for unreadable input ----
+
+
+def _decoded_lines(path: Path, f: Iterable[bytes]) -> Iterator[tuple[int, str]]:
+    """``(1-based line number, text)`` for each physical line, decoded strictly as UTF-8 (BOM dropped)."""
+    for n, raw in enumerate(f, start=1):
+        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+            raw = raw[3:]
+        try:
+            yield n, raw.decode("utf-8", errors="strict")
+        except UnicodeDecodeError as e:
+            raise DataFormatError(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+
+
+def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]:
+    with open(path, "rb") as f:
+        for n, line in _decoded_lines(path, f):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except (ValueError, RecursionError) as e:
+                hint = ""
+                if n == 1 and line.lstrip().startswith("["):
+                    hint = " (expected JSON Lines, one object per line; a JSON array is not supported)"
+                raise DataFormatError(path, n, f"invalid JSON: {e}{hint}") from None
+            if not isinstance(obj, dict):
+                raise DataFormatError(path, n, f"expected a JSON object, got {_type_name(obj)}")
+            try:
+                out = conv.convert(obj)
+            except RowError as e:
+                raise DataFormatError(path, n, str(e)) from None
+            if out is not None:
+                yield out
+
+
+def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[str, Example]]:
+    with open(path, "rb") as f:
+        lines = (text for _, text in _decoded_lines(path, f))
+        reader = csv.reader(lines, delimiter=delimiter, strict=True)
+        try:
+            header = next(reader, None)
+            if header is None:
+                raise EmptyCorpusError(f"{path}: the file is empty (no header line)")
+            missing = [c for c in conv.columns if c not in header]
+            if missing:
+                raise DataFormatError(path, reader.line_num, f"missing column(s) {missing} in the header {header}")
+            dup = [c for c in conv.columns if header.count(c) > 1]
+            if dup:
+                raise DataFormatError(path, reader.line_num, f"column(s) {dup} appear more than once in the header")
+            width = len(header)
+            for rec in reader:
+                if not rec:
+                    continue
+                if len(rec) != width:
+                    raise DataFormatError(path, reader.line_num, f"{len(rec)} fields but the header has {width}")
+                try:
+                    out = conv.convert(dict(zip(header, rec)))
+                except RowError as e:
+                    raise DataFormatError(path, reader.line_num, str(e)) from None
+                if out is not None:
+                    yield out
+        except csv.Error as e:
+            raise DataFormatError(path, reader.line_num, f"malformed {'TSV' if delimiter == chr(9) else 'CSV'}: {e}") from None
+
+
+def _parquet_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+        names = pf.schema_arrow.names
+    except (pa.ArrowException, OSError) as e:
+        raise DataFormatError(path, None, f"not a readable Parquet file: {e}") from None
+    missing = [c for c in conv.columns if c not in names]
+    if missing:
+        raise DataFormatError(path, "schema", f"missing column(s) {missing}; the file has {names}")
+    n = 0
+    try:
+        for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=conv.columns):
+            cols = {c: batch.column(c).to_pylist() for c in conv.columns}
+            for i in range(batch.num_rows):
+                n += 1
+                try:
+                    out = conv.convert({c: v[i] for c, v in cols.items()})
+                except RowError as e:
+                    raise DataFormatError(path, f"row {n}", str(e)) from None
+                if out is not None:
+                    yield out
+    except (pa.ArrowException, OSError) as e:
+        raise DataFormatError(path, f"after row {n}", f"cannot read the Parquet data: {e}") from None
+    finally:
+        pf.close()
+
+
+def _resolve_format(path: Path, format: str | None) -> str:
+    if format is None:
+        fmt = _FORMATS.get(path.suffix.lower())
+        if fmt is None:
+            raise SourceError(f"{path}: cannot tell the format from the suffix {path.suffix!r}; pass format= one of {sorted(_FORMAT_NAMES)}")
+        return fmt
+    fmt = _FORMAT_NAMES.get(format.lower().lstrip("."))
+    if fmt is None:
+        raise SourceError(f"unsupported table format {format!r}; use one of {sorted(_FORMAT_NAMES)}")
+    return fmt
+
+
+def load_table(
+    path: str | os.PathLike[str],
+    *,
+    format: str | None = None,
+    user_column: str = "user_id",
+    text_column: str = "text",
+    tokens_column: str | None = None,
+    tags_column: str | None = None,
+    timestamp_column: str | None = None,
+    normalize_text: bool = True,
+    spill_to: str | os.PathLike[str] | None = None,
+) -> FederatedCorpus:
+    """A corpus from a table with one example per row, grouped by ``user_column``.
+
+    ``format`` is ``"jsonl"`` (alias ``"json"``), ``"csv"``, ``"tsv"`` or ``"parquet"``; by default
+    inferred from the suffix. Tagged mode when ``tokens_column`` and ``tags_column`` are given,
+    text mode otherwise (see the module docstring for the column rules). With ``spill_to`` (a file
+    path) examples go to an on-disk SQLite store as they stream; if loading fails, nothing is left
+    at ``spill_to`` (an existing file there is kept as it was).
+
+    Raises :class:`SourceError` (missing file, unknown format), :class:`DataFormatError` (bad
+    row, naming file and line) or :class:`EmptyCorpusError` (no examples).
+    """
+    path = Path(path)
+    fmt = _resolve_format(path, format)
+    if not path.is_file():
+        raise SourceError(f"{path}: no such file (or not a regular file)")
+    conv = RowConverter(
+        user_column=user_column,
+        text_column=text_column,
+        tokens_column=tokens_column,
+        tags_column=tags_column,
+        timestamp_column=timestamp_column,
+        normalize_text=normalize_text,
+        split_strings=fmt in ("csv", "tsv"),
+    )
+    if spill_to is not None:
+        spill = Path(spill_to)
+        if not spill.parent.is_dir():
+            raise FedprivError(f"spill_to {spill}: the directory {spill.parent} does not exist")
+        if spill.exists() and spill.resolve() == path.resolve():
+            raise FedprivError(f"spill_to {spill} is the source file itself")
+    if fmt == "jsonl":
+        stream = _jsonl_rows(path, conv)
+    elif fmt == "parquet":
+        stream = _parquet_rows(path, conv)
+    else:
+        stream = _csv_rows(path, conv, "\t" if fmt == "tsv" else ",")
+    try:
+        return FederatedCorpus.from_stream(stream, conv.kind, name=path.name, spill_to=spill_to)
+    except EmptyCorpusError as e:
+        if str(path) in str(e):
+            raise
+        raise EmptyCorpusError(f"{path}: no examples (no rows, or every row's {'text' if conv.kind == 'text' else 'token list'} is empty)") from None
+    finally:
+        stream.close()
