@@ -20,6 +20,7 @@ from rich.table import Table
 
 from fedpriv import __version__
 from fedpriv.errors import FedprivError
+from fedpriv.privacy.cli import privacy_app
 
 app = typer.Typer(
     name="fedpriv",
@@ -32,6 +33,7 @@ data_app = typer.Typer(help="Inspect federated corpora (users -> examples).", no
 config_app = typer.Typer(help="Validate experiment configs.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(config_app, name="config")
+app.add_typer(privacy_app, name="privacy")
 
 out = Console()
 err = Console(stderr=True)

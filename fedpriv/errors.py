@@ -39,3 +39,7 @@ class ConfigError(FedprivError):
 
 class SourceError(FedprivError):
     """A source spec cannot be resolved (unknown name, missing file, unsupported format)."""
+
+
+class PrivacyParameterError(FedprivError):
+    """An impossible privacy parameter, refused before any work; the message names it and its valid range."""

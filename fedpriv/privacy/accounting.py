@@ -1,0 +1,311 @@
+"""Privacy accounting on dp-accounting 0.6.0: events, answers, calibration.
+
+A :class:`GaussianSteps` is a run of identical steps (DP-SGD) or rounds (DP-FedAvg) of the
+sampled Gaussian mechanism over *units* (examples, or users), each unit's contribution clipped to
+L2 norm C and N(0, (sigma*C)^2) noise added per coordinate. What an epsilon means depends on
+three things, which every :class:`PrivacyAnswer` states:
+
+* the **neighbouring relation**: add-or-remove-one unit (Poisson sampling, no sampling) or
+  replace-one unit (fixed-size samples without replacement). Under replace-one the clipped sum
+  changes by up to 2C, so the Gaussian event is accounted with noise multiplier sigma/2;
+* the **sampling**: Poisson with probability q = B/N (the batch's size is random; the trainer
+  divides by the expected size B), fixed-size samples of exactly B of N without replacement, or
+  none (every unit in every step);
+* the **accountant**: RDP (with its optimal order) or PLD. dp-accounting has no PLD for sampling
+  without replacement, so fixed-size events are RDP only.
+
+Noise drawn independently on P shards and/or on each of T accumulation micro-steps and then
+summed/averaged into one logical step is N(0, P*T*(sigma*C)^2) on the logical clipped sum: the
+logical step's noise multiplier is sigma*sqrt(P*T) (Hoory et al. 2021, eq. 3). Fields
+``noised_shards`` and ``noised_micro_steps`` say how many independent draws a step sums;
+the default 1 is "noise added once to the logical batch".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+from typing import Literal
+
+import dp_accounting
+from dp_accounting import pld as dp_pld
+from dp_accounting import rdp as dp_rdp
+
+from fedpriv.errors import PrivacyParameterError
+
+Sampling = Literal["poisson", "fixed", "none"]
+Unit = Literal["example", "user"]
+AccountantName = Literal["rdp", "pld"]
+
+ADD_OR_REMOVE = "add-or-remove-one"
+REPLACE_ONE = "replace-one"
+RDP_ORDERS = tuple(dp_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS) + (2048, 4096)
+PLD_DISCRETIZATION = 1e-4
+
+_SAMPLING_TEXT = {
+    "poisson": "Poisson sampling, each {unit} independently with q = {q:.6g} (expected batch {batch:g} of {population})",
+    "fixed": "fixed-size batches of exactly {batch:g} {unit}s of {population}, sampled without replacement (q = {q:.6g})",
+    "none": "no sampling amplification: every one of the {population} {unit}s in every step",
+}
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise PrivacyParameterError(message)
+
+
+@dataclass(frozen=True)
+class GaussianSteps:
+    """``steps`` identical steps/rounds of the (sampled) Gaussian mechanism.
+
+    ``noise_multiplier`` is sigma of each independent noise draw, relative to the clip norm C;
+    ``batch`` is B (expected size under Poisson, exact size under fixed); ``population`` is N.
+    """
+
+    sampling: Sampling
+    noise_multiplier: float
+    population: int
+    batch: float
+    steps: int
+    unit: Unit = "example"
+    noised_shards: int = 1
+    noised_micro_steps: int = 1
+
+    def __post_init__(self) -> None:
+        _check(self.sampling in ("poisson", "fixed", "none"), f"sampling must be 'poisson', 'fixed' or 'none', got {self.sampling!r}")
+        _check(self.unit in ("example", "user"), f"unit must be 'example' or 'user', got {self.unit!r}")
+        _check(
+            isinstance(self.noise_multiplier, (int, float)) and math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0,
+            f"noise_multiplier must be > 0 (finite) where noise is required, got {self.noise_multiplier}",
+        )
+        _check(isinstance(self.population, int) and self.population >= 1, f"population (N) must be an integer >= 1, got {self.population}")
+        _check(isinstance(self.steps, int) and self.steps >= 1, f"steps must be an integer >= 1, got {self.steps}")
+        _check(int(self.noised_shards) == self.noised_shards and self.noised_shards >= 1, f"noised_shards (P) must be an integer >= 1, got {self.noised_shards}")
+        _check(
+            int(self.noised_micro_steps) == self.noised_micro_steps and self.noised_micro_steps >= 1,
+            f"noised_micro_steps (T) must be an integer >= 1, got {self.noised_micro_steps}",
+        )
+        if self.sampling == "none":
+            _check(self.batch == self.population, f"with no sampling the batch is the whole population: batch must be {self.population}, got {self.batch}")
+        _check(self.batch > 0, f"batch must be > 0, got {self.batch}")
+        if self.sampling == "fixed":
+            _check(float(self.batch).is_integer(), f"a fixed-size batch must be a whole number of {self.unit}s, got {self.batch}")
+            _check(self.batch <= self.population, f"cannot sample m = {self.batch:g} {self.unit}s without replacement from N = {self.population}: need m <= N")
+        q = self.batch / self.population
+        _check(0.0 < q <= 1.0, f"sampling probability q = batch/population must be in (0, 1], got {self.batch:g}/{self.population} = {q:.6g}")
+
+    # ---- derived ---------------------------------------------------------------------------
+    @property
+    def sampling_probability(self) -> float:
+        return self.batch / self.population
+
+    @property
+    def relation(self) -> str:
+        return REPLACE_ONE if self.sampling == "fixed" else ADD_OR_REMOVE
+
+    @property
+    def effective_noise_multiplier(self) -> float:
+        """Noise std of one logical step's clipped sum, over C: sigma*sqrt(P*T)."""
+        return self.noise_multiplier * math.sqrt(self.noised_shards * self.noised_micro_steps)
+
+    @property
+    def sensitivity_in_clip_norms(self) -> int:
+        """L2 sensitivity of the clipped sum, in units of C: 1 (add/remove), 2 (replace-one)."""
+        return 2 if self.relation == REPLACE_ONE else 1
+
+    def sampling_text(self) -> str:
+        return _SAMPLING_TEXT[self.sampling].format(
+            unit=self.unit, q=self.sampling_probability, batch=self.batch, population=self.population
+        )
+
+    def dp_event(self) -> dp_accounting.DpEvent:
+        """The dp-accounting event of all ``steps`` (Gaussian std relative to the sensitivity)."""
+        gaussian = dp_accounting.GaussianDpEvent(self.effective_noise_multiplier / self.sensitivity_in_clip_norms)
+        if self.sampling == "poisson":
+            one = dp_accounting.PoissonSampledDpEvent(self.sampling_probability, gaussian)
+        elif self.sampling == "fixed":
+            one = dp_accounting.SampledWithoutReplacementDpEvent(self.population, int(self.batch), gaussian)
+        else:
+            # T unsampled Gaussian steps are exactly one Gaussian with multiplier z/sqrt(T); saying so
+            # keeps the PLD accountant fast (composing the PLD T times is slow and only approximate).
+            return dp_accounting.GaussianDpEvent(gaussian.noise_multiplier / math.sqrt(self.steps))
+        return dp_accounting.SelfComposedDpEvent(one, self.steps)
+
+    def with_steps(self, steps: int) -> "GaussianSteps":
+        return replace(self, steps=steps)
+
+    def same_mechanism(self, other: "GaussianSteps") -> bool:
+        return self.with_steps(1) == other.with_steps(1)
+
+
+@dataclass(frozen=True)
+class PrivacyAnswer:
+    """An (epsilon, delta) guarantee with everything it assumes."""
+
+    epsilon: float
+    delta: float
+    accountant: str  # "RDP" or "PLD"
+    relation: str
+    unit: str
+    sampling: str
+    steps: int
+    noise_multiplier: float
+    effective_noise_multiplier: float
+    rdp_order: float | None = None
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    def describe(self) -> str:
+        order = f", optimal order {self.rdp_order:g}" if self.rdp_order is not None else ""
+        return (
+            f"epsilon = {self.epsilon:.4g} at delta = {self.delta:.3g} ({self.accountant}{order}); "
+            f"{self.unit}-level, {self.relation} {self.unit}; {self.sampling}; {self.steps} steps; "
+            f"noise multiplier {self.noise_multiplier:g} (effective {self.effective_noise_multiplier:g})"
+        )
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["notes"] = list(self.notes)
+        d["guarantee"] = self.describe()
+        return d
+
+
+def check_delta(delta: float) -> None:
+    _check(isinstance(delta, (int, float)) and 0.0 < delta < 1.0, f"delta must be in (0, 1), got {delta}")
+
+
+def check_epsilon(epsilon: float) -> None:
+    _check(isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0, f"epsilon must be > 0 (finite), got {epsilon}")
+
+
+def _relation_enum(relation: str) -> dp_accounting.NeighboringRelation:
+    return dp_accounting.NeighboringRelation.REPLACE_ONE if relation == REPLACE_ONE else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+
+
+def common_relation(events: list[GaussianSteps]) -> str:
+    """The one neighbouring relation of a composition (mixing relations is refused)."""
+    _check(len(events) > 0, "nothing to account: no steps recorded")
+    relations = {e.relation for e in events}
+    units = {e.unit for e in events}
+    _check(len(relations) == 1, f"cannot compose events under different neighbouring relations {sorted(relations)}")
+    _check(len(units) == 1, f"cannot compose events over different units {sorted(units)}")
+    return relations.pop()
+
+
+def supports_pld(events: list[GaussianSteps]) -> bool:
+    """dp-accounting has PLD for Poisson-sampled and unsampled Gaussians, not for sampling without replacement."""
+    return all(e.sampling != "fixed" for e in events)
+
+
+def _accountant(events: list[GaussianSteps], which: AccountantName):
+    relation = _relation_enum(common_relation(events))
+    if which == "rdp":
+        acc = dp_rdp.RdpAccountant(RDP_ORDERS, relation)
+    elif which == "pld":
+        _check(supports_pld(events), "the PLD accountant does not cover sampling without replacement (fixed-size batches); use RDP")
+        acc = dp_pld.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
+    else:
+        raise PrivacyParameterError(f"accountant must be 'rdp' or 'pld', got {which!r}")
+    for e in events:
+        acc.compose(e.dp_event())
+    return acc
+
+
+def _summary(events: list[GaussianSteps]) -> dict:
+    last = events[-1]
+    steps = sum(e.steps for e in events)
+    sampling = "; ".join(dict.fromkeys(e.sampling_text() for e in events))
+    notes = []
+    if last.relation == REPLACE_ONE:
+        notes.append("replace-one: the clipped sum's sensitivity is 2C, accounted as noise multiplier sigma/2")
+    if any(e.noised_shards * e.noised_micro_steps > 1 for e in events):
+        notes.append("noise drawn on P shards x T micro-steps: effective multiplier sigma*sqrt(P*T) (Hoory et al. 2021, eq. 3)")
+    if len({e.with_steps(1) for e in events}) > 1:
+        notes.append(f"composition of {len(events)} runs with different parameters")
+    return dict(
+        relation=last.relation,
+        unit=last.unit,
+        sampling=sampling,
+        steps=steps,
+        noise_multiplier=last.noise_multiplier,
+        effective_noise_multiplier=last.effective_noise_multiplier,
+        notes=tuple(notes),
+    )
+
+
+def epsilon_for(events: list[GaussianSteps] | GaussianSteps, delta: float, accountant: AccountantName = "rdp") -> PrivacyAnswer:
+    """epsilon at ``delta`` for the composition of ``events``."""
+    events = [events] if isinstance(events, GaussianSteps) else list(events)
+    check_delta(delta)
+    acc = _accountant(events, accountant)
+    if accountant == "rdp":
+        eps, order = acc.get_epsilon_and_optimal_order(delta)
+        return PrivacyAnswer(float(eps), delta, "RDP", rdp_order=float(order), **_summary(events))
+    return PrivacyAnswer(float(acc.get_epsilon(delta)), delta, "PLD", **_summary(events))
+
+
+def delta_for(events: list[GaussianSteps] | GaussianSteps, epsilon: float, accountant: AccountantName = "rdp") -> PrivacyAnswer:
+    """delta at ``epsilon`` for the composition of ``events``."""
+    events = [events] if isinstance(events, GaussianSteps) else list(events)
+    check_epsilon(epsilon)
+    acc = _accountant(events, accountant)
+    if accountant == "rdp":
+        delta, order = acc.get_delta_and_optimal_order(epsilon)
+        return PrivacyAnswer(epsilon, float(delta), "RDP", rdp_order=float(order), **_summary(events))
+    return PrivacyAnswer(epsilon, float(acc.get_delta(epsilon)), "PLD", **_summary(events))
+
+
+def available_accountants(events: list[GaussianSteps] | GaussianSteps) -> list[str]:
+    events = [events] if isinstance(events, GaussianSteps) else list(events)
+    return ["rdp", "pld"] if supports_pld(events) else ["rdp"]
+
+
+def calibrate_noise_multiplier(
+    template: GaussianSteps,
+    target_epsilon: float,
+    delta: float,
+    accountant: AccountantName = "rdp",
+    rel_tol: float = 1e-4,
+) -> tuple[float, PrivacyAnswer]:
+    """The smallest noise multiplier sigma (per draw, as ``template.noise_multiplier`` means it)
+    whose epsilon at ``delta`` is <= ``target_epsilon``, by bisection over the accountant, to
+    relative tolerance ``rel_tol``. Returns sigma and the answer at sigma."""
+    check_epsilon(target_epsilon)
+    check_delta(delta)
+
+    def eps(sigma: float) -> float:
+        return epsilon_for(replace(template, noise_multiplier=sigma), delta, accountant).epsilon
+
+    lo, hi = 1e-3, 1.0
+    while eps(hi) > target_epsilon:
+        lo, hi = hi, hi * 2
+        _check(hi < 1e6, f"no noise multiplier below 1e6 reaches epsilon {target_epsilon} at delta {delta}")
+    if eps(lo) <= target_epsilon:
+        raise PrivacyParameterError(f"epsilon {target_epsilon} is reached with noise multiplier below {lo}; the target is too loose to calibrate")
+    while hi - lo > rel_tol * hi:
+        mid = math.sqrt(lo * hi) if hi / lo > 4 else (lo + hi) / 2
+        if eps(mid) > target_epsilon:
+            lo = mid
+        else:
+            hi = mid
+    return hi, epsilon_for(replace(template, noise_multiplier=hi), delta, accountant)
+
+
+def batch_size_sweep(
+    template: GaussianSteps,
+    batches: list[float],
+    delta: float,
+    epochs: float | None = None,
+    accountant: AccountantName = "rdp",
+) -> list[dict]:
+    """For choosing B under a budget: scale sigma with sqrt(B) from the template,
+    sigma_B = sigma_0 * sqrt(B / B_0), and report epsilon for each B. With ``epochs`` the number of
+    steps follows B (steps = ceil(epochs * N / B)); otherwise it stays the template's."""
+    check_delta(delta)
+    rows = []
+    for b in batches:
+        sigma = template.noise_multiplier * math.sqrt(b / template.batch)
+        steps = template.steps if epochs is None else max(1, math.ceil(epochs * template.population / b))
+        ev = replace(template, batch=b, noise_multiplier=sigma, steps=steps)
+        ans = epsilon_for(ev, delta, accountant)
+        rows.append({"batch": b, "noise_multiplier": sigma, "steps": steps, "epsilon": ans.epsilon, "answer": ans.to_json()})
+    return rows

@@ -1,0 +1,190 @@
+"""``fedpriv privacy ...``: epsilon, delta, calibration and batch-size sweeps for the DP events fedpriv runs."""
+
+from __future__ import annotations
+
+import json
+from enum import Enum
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedpriv.errors import PrivacyParameterError
+from fedpriv.privacy.accounting import (
+    GaussianSteps,
+    available_accountants,
+    batch_size_sweep,
+    calibrate_noise_multiplier,
+    delta_for,
+    epsilon_for,
+)
+
+privacy_app = typer.Typer(help="Privacy accounting: epsilon, delta, calibration (dp-accounting RDP and PLD).", no_args_is_help=True)
+_out = Console()
+
+
+class Event(str, Enum):
+    dpsgd_poisson = "dpsgd-poisson"
+    dpsgd_fixed = "dpsgd-fixed"
+    dpfedavg_fixed = "dpfedavg-fixed"
+    dpfedavg_poisson = "dpfedavg-poisson"
+    no_sampling = "no-sampling"
+
+
+class Accountant(str, Enum):
+    rdp = "rdp"
+    pld = "pld"
+    all = "all"
+
+
+_EVENTS = {
+    Event.dpsgd_poisson: ("poisson", "example"),
+    Event.dpsgd_fixed: ("fixed", "example"),
+    Event.dpfedavg_fixed: ("fixed", "user"),
+    Event.dpfedavg_poisson: ("poisson", "user"),
+}
+
+EVENT_HELP = (
+    "dpsgd-poisson: DP-SGD, Poisson sampling q=B/N, add-or-remove-one example; "
+    "dpsgd-fixed: DP-SGD, fixed batches of B without replacement, replace-one example (RDP only); "
+    "dpfedavg-fixed: DP-FedAvg, exactly m=B users of N per round without replacement, replace-one user (RDP only); "
+    "dpfedavg-poisson: DP-FedAvg, Poisson user sampling; "
+    "no-sampling: every unit in every step."
+)
+
+
+def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str) -> GaussianSteps:
+    if event is Event.no_sampling:
+        if batch is not None and batch != population:
+            raise PrivacyParameterError(f"--batch: with no sampling every unit is in every step, so batch must equal --population ({population}) or be omitted")
+        return GaussianSteps("none", z, population, population, steps, unit, shards, micro_steps)  # type: ignore[arg-type]
+    if batch is None:
+        raise PrivacyParameterError("--batch is required for a sampled event (B examples, or m users per round)")
+    sampling, unit = _EVENTS[event]
+    return GaussianSteps(sampling, z, population, batch, steps, unit, shards, micro_steps)  # type: ignore[arg-type]
+
+
+def _accountants(ev: GaussianSteps, which: Accountant) -> list[str]:
+    have = available_accountants(ev)
+    if which is Accountant.all:
+        return have
+    if which.value not in have:
+        raise PrivacyParameterError(f"--accountant {which.value}: not available for {ev.sampling_text()} (use {', '.join(have)})")
+    return [which.value]
+
+
+def _print_answers(answers: list[dict], as_json: bool, extra: dict | None = None) -> None:
+    if as_json:
+        print(json.dumps({**(extra or {}), "answers": answers}, indent=2))
+        return
+    t = Table(title="privacy guarantee")
+    for col in ("accountant", "epsilon", "delta", "RDP order"):
+        t.add_column(col, justify="right")
+    for a in answers:
+        t.add_row(a["accountant"], f"{a['epsilon']:.4g}", f"{a['delta']:.3g}", "" if a["rdp_order"] is None else f"{a['rdp_order']:g}")
+    _out.print(t)
+    a = answers[0]
+    _out.print(f"{a['unit']}-level, {a['relation']} {a['unit']}; {a['sampling']}; {a['steps']} steps", markup=False, soft_wrap=True)
+    _out.print(f"noise multiplier {a['noise_multiplier']:g} per draw, effective {a['effective_noise_multiplier']:g} per logical step", markup=False)
+    for n in a["notes"]:
+        _out.print(f"note: {n}", markup=False, soft_wrap=True)
+    if extra:
+        for k, v in extra.items():
+            _out.print(f"{k}: {v}", markup=False)
+
+
+_Z = typer.Option(..., "--noise-multiplier", "-z", help="sigma: noise std per draw over the clip norm C.")
+_N = typer.Option(..., "--population", "-N", help="N: examples in the dataset, or users in the population.")
+_B = typer.Option(None, "--batch", "-B", help="B: batch size (expected, under Poisson), or users per round m.")
+_T = typer.Option(..., "--steps", help="Steps (DP-SGD) or rounds (DP-FedAvg).")
+_P = typer.Option(1, "--shards", min=1, help="P: shards that each add their own noise (Hoory et al. 2021, eq. 3).")
+_MT = typer.Option(1, "--micro-steps", min=1, help="T: accumulation micro-steps that each add their own noise.")
+_U = typer.Option("example", "--unit", help="example or user (for no-sampling).")
+_EV = typer.Option(..., "--event", "-e", help=EVENT_HELP)
+_ACC = typer.Option(Accountant.all, "--accountant", help="rdp, pld, or all available.")
+_JSON = typer.Option(False, "--json", help="Print JSON.")
+
+
+@privacy_app.command("epsilon")
+def epsilon_cmd(
+    event: Event = _EV,
+    noise_multiplier: float = _Z,
+    population: int = _N,
+    batch: Optional[float] = _B,
+    steps: int = _T,
+    delta: Optional[float] = typer.Option(None, "--delta", help="Answer epsilon at this delta."),
+    epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Answer delta at this epsilon instead."),
+    shards: int = _P,
+    micro_steps: int = _MT,
+    unit: str = _U,
+    accountant: Accountant = _ACC,
+    as_json: bool = _JSON,
+) -> None:
+    """epsilon for a delta (or delta for an epsilon) of a DP-SGD or DP-FedAvg run."""
+    if (delta is None) == (epsilon is None):
+        raise PrivacyParameterError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
+    ev = _event(event, noise_multiplier, population, batch, steps, shards, micro_steps, unit)
+    answers = []
+    for acc in _accountants(ev, accountant):
+        ans = epsilon_for(ev, delta, acc) if delta is not None else delta_for(ev, epsilon, acc)  # type: ignore[arg-type]
+        answers.append(ans.to_json())
+    _print_answers(answers, as_json, {"event": event.value})
+
+
+@privacy_app.command("calibrate")
+def calibrate_cmd(
+    event: Event = _EV,
+    target_epsilon: float = typer.Option(..., "--target-epsilon", help="The epsilon to reach."),
+    delta: float = typer.Option(..., "--delta", help="At this delta."),
+    population: int = _N,
+    batch: Optional[float] = _B,
+    steps: int = _T,
+    shards: int = _P,
+    micro_steps: int = _MT,
+    unit: str = _U,
+    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="rdp or pld."),
+    as_json: bool = _JSON,
+) -> None:
+    """The smallest noise multiplier (per draw) that reaches --target-epsilon at --delta (bisection)."""
+    if accountant is Accountant.all:
+        raise PrivacyParameterError("--accountant: calibrate against one accountant, rdp or pld")
+    template = _event(event, 1.0, population, batch, steps, shards, micro_steps, unit)
+    _accountants(template, accountant)
+    sigma, ans = calibrate_noise_multiplier(template, target_epsilon, delta, accountant.value)  # type: ignore[arg-type]
+    _print_answers([ans.to_json()], as_json, {"event": event.value, "calibrated_noise_multiplier": sigma})
+
+
+@privacy_app.command("batch-sweep")
+def batch_sweep_cmd(
+    event: Event = _EV,
+    noise_multiplier: float = _Z,
+    population: int = _N,
+    batch: float = typer.Option(..., "--batch", "-B", help="B0: the batch the noise multiplier is given for."),
+    steps: int = _T,
+    batches: str = typer.Option(..., "--batches", help="Comma-separated batch sizes to compare."),
+    delta: float = typer.Option(..., "--delta", help="Answer epsilon at this delta."),
+    epochs: Optional[float] = typer.Option(None, "--epochs", help="Keep epochs fixed (steps = epochs*N/B) instead of steps."),
+    accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="rdp or pld."),
+    as_json: bool = _JSON,
+) -> None:
+    """Scale sigma with sqrt(B) from (B0, sigma0) and show the epsilon of each batch size."""
+    if event is Event.no_sampling or accountant is Accountant.all:
+        raise PrivacyParameterError("batch-sweep needs a sampled --event and one --accountant (rdp or pld)")
+    try:
+        sizes = [float(b) for b in batches.split(",") if b.strip()]
+    except ValueError:
+        raise PrivacyParameterError(f"--batches: expected comma-separated numbers, got {batches!r}") from None
+    template = _event(event, noise_multiplier, population, batch, steps, 1, 1, "example")
+    rows = batch_size_sweep(template, sizes, delta, epochs, accountant.value)  # type: ignore[arg-type]
+    if as_json:
+        print(json.dumps({"event": event.value, "rows": rows}, indent=2))
+        return
+    t = Table(title=f"sigma scaled with sqrt(B) from sigma={noise_multiplier:g} at B={batch:g}")
+    for col in ("batch", "noise multiplier", "steps", "epsilon"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        t.add_row(f"{r['batch']:g}", f"{r['noise_multiplier']:.4g}", str(r["steps"]), f"{r['epsilon']:.4g}")
+    _out.print(t)
+    a = rows[0]["answer"]
+    _out.print(f"delta = {delta:g}; {a['accountant']}; {a['unit']}-level, {a['relation']} {a['unit']}", markup=False)

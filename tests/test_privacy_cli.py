@@ -1,0 +1,72 @@
+"""`fedpriv privacy epsilon|calibrate|batch-sweep`: every event type answers with --json."""
+
+import json
+
+import pytest
+
+from fedpriv.cli import main
+from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
+
+EVENTS = {
+    "dpsgd-poisson": (["-B", "256", "-N", "60000"], GaussianSteps("poisson", 1.1, 60000, 256, 500), ["RDP", "PLD"]),
+    "dpsgd-fixed": (["-B", "256", "-N", "60000"], GaussianSteps("fixed", 1.1, 60000, 256, 500), ["RDP"]),
+    "dpfedavg-fixed": (["-B", "500", "-N", "20000"], GaussianSteps("fixed", 1.1, 20000, 500, 500, unit="user"), ["RDP"]),
+    "dpfedavg-poisson": (["-B", "500", "-N", "20000"], GaussianSteps("poisson", 1.1, 20000, 500, 500, unit="user"), ["RDP", "PLD"]),
+    "no-sampling": (["-N", "1000"], GaussianSteps("none", 1.1, 1000, 1000, 500), ["RDP", "PLD"]),
+}
+
+
+@pytest.mark.parametrize("event", sorted(EVENTS))
+def test_epsilon_for_each_event(event, capsys):
+    args, expected, accountants = EVENTS[event]
+    assert main(["privacy", "epsilon", "-e", event, "-z", "1.1", "--steps", "500", "--delta", "1e-5", "--json", *args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    got = {a["accountant"]: a for a in out["answers"]}
+    assert sorted(got) == sorted(accountants)
+    for name, a in got.items():
+        assert a["epsilon"] == pytest.approx(epsilon_for(expected, 1e-5, name.lower()).epsilon, rel=1e-12)
+        assert a["relation"] == expected.relation and a["unit"] == expected.unit
+        assert a["sampling"] and a["guarantee"].startswith("epsilon = ")
+        assert (a["rdp_order"] is not None) == (name == "RDP")
+
+
+def test_delta_for_epsilon_and_sharding(capsys):
+    assert main(["privacy", "epsilon", "-e", "dpsgd-poisson", "-z", "1", "-N", "1000", "-B", "10", "--steps", "100", "--epsilon", "1", "--json", "--accountant", "rdp"]) == 0
+    a = json.loads(capsys.readouterr().out)["answers"][0]
+    assert a["epsilon"] == 1 and 0 < a["delta"] < 1
+    assert main(["privacy", "epsilon", "-e", "dpsgd-poisson", "-z", "1", "-N", "1000", "-B", "10", "--steps", "100", "--delta", "1e-5", "--shards", "4", "--micro-steps", "4", "--json"]) == 0
+    a = json.loads(capsys.readouterr().out)["answers"][0]
+    assert a["effective_noise_multiplier"] == pytest.approx(4.0)
+
+
+def test_calibrate_and_sweep(capsys):
+    assert main(["privacy", "calibrate", "-e", "dpsgd-poisson", "--target-epsilon", "2", "--delta", "1e-5", "-N", "60000", "-B", "256", "--steps", "1000", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["answers"][0]["epsilon"] <= 2 and out["calibrated_noise_multiplier"] > 0
+    assert main(["privacy", "batch-sweep", "-e", "dpsgd-poisson", "-z", "1", "-N", "100000", "-B", "256", "--steps", "100", "--batches", "256,1024", "--delta", "1e-5", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["rows"]
+    assert [r["noise_multiplier"] for r in rows] == pytest.approx([1.0, 2.0])
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-e", "dpfedavg-fixed", "-z", "1", "-N", "100", "-B", "500", "--steps", "5", "--delta", "1e-5"], "m = 500 users without replacement from N = 100"),
+        (["-e", "dpsgd-poisson", "-z", "0", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5"], "noise_multiplier must be > 0"),
+        (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1.5"], "delta must be in (0, 1)"),
+        (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "0", "--delta", "1e-5"], "steps must be an integer >= 1"),
+        (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "--steps", "5", "--delta", "1e-5"], "--batch is required"),
+        (["-e", "dpsgd-fixed", "-z", "1", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5", "--accountant", "pld"], "not available"),
+        (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "5"], "exactly one of --delta"),
+    ],
+)
+def test_refusals_are_one_line(args, message, capsys):
+    assert main(["privacy", "epsilon", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedpriv: error:") and message in err and "\n" not in err
+
+
+def test_human_output_states_assumptions(capsys):
+    assert main(["privacy", "epsilon", "-e", "dpfedavg-fixed", "-z", "1", "-N", "20000", "-B", "500", "--steps", "10", "--delta", "1e-6"]) == 0
+    out = capsys.readouterr().out
+    assert "replace-one user" in out and "without replacement" in out and "sensitivity is 2C" in out
