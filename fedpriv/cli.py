@@ -31,9 +31,11 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Inspect federated corpora (users -> examples).", no_args_is_help=True)
 config_app = typer.Typer(help="Validate experiment configs.", no_args_is_help=True)
+train_app = typer.Typer(help="Train models (central; federated engines come with their issue).", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(config_app, name="config")
 app.add_typer(privacy_app, name="privacy")
+app.add_typer(train_app, name="train")
 
 out = Console()
 err = Console(stderr=True)
@@ -137,24 +139,69 @@ def config_check(
         out.print(f"{path}: ok (experiment {cfg.name!r}, source {cfg.data.source!r})")
 
 
+def _train_central(config: Path, out: Optional[Path], as_json: bool, stop_after: Optional[int] = None) -> dict:
+    from fedpriv.central.trainer import train_central
+    from fedpriv.pipeline import prepare
+
+    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
+    prepared = prepare(config, log=say)
+    cfg = prepared.config
+    run_dir = out or Path("runs") / cfg.name
+    result = train_central(
+        prepared.task,
+        prepared.train_arrays,
+        prepared.train.counts(),
+        cfg.training,
+        cfg.seed,
+        run_dir,
+        eval_sets=prepared.eval_arrays,
+        stop_after=stop_after,
+        log=say,
+        extra_meta={"experiment": cfg.model_dump()},
+    )
+    summary = {**prepared.summary(), "run_dir": str(run_dir), "steps": result.steps, **{f"final_{k}": v for k, v in result.final_eval.items() if k not in ("step", "epoch", "split")}}
+    if cfg.task.kind == "nwp" and prepared.eval_arrays:
+        from fedpriv.tasks.nwp import unigram_perplexity
+
+        name = next(iter(prepared.eval_arrays))
+        summary[f"{name}_unigram_perplexity"] = unigram_perplexity(prepared.train_arrays["ids"], prepared.eval_arrays[name]["ids"], len(prepared.task.vocab))
+    return summary
+
+
+def _print_summary(title: str, summary: dict) -> None:
+    t = Table(title=title, show_header=False)
+    for k, v in summary.items():
+        t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.4f}" if isinstance(v, float) else str(v))
+    out.print(t)
+
+
+@train_app.command("central")
+def train_central_cmd(
+    config: Path = typer.Argument(..., help="Experiment TOML with [data], [task] and [training]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
+) -> None:
+    """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
+    summary = _train_central(config, out, as_json, stop_after)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(f"experiment {summary['experiment']}", summary)
+
+
 @app.command("demo")
 def demo(
     config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment config to run."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/demo)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Run the main job on the bundled data (today: the data pipeline of the demo experiment)."""
-    from fedpriv.pipeline import prepare_data
-
-    prepared = prepare_data(config, log=None if as_json else err.print)
-    summary = prepared.summary()
+    """Run the main job on the bundled data (today: central NWP training on Shakespeare, held-out speakers)."""
+    summary = _train_central(config, out, as_json)
     if as_json:
         print(json.dumps(summary, indent=2))
-        return
-    t = Table(title=f"experiment {summary['experiment']}: data prepared", show_header=False)
-    for k, v in summary.items():
-        if k != "experiment":
-            t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.4f}" if isinstance(v, float) else str(v))
-    out.print(t)
+    else:
+        _print_summary(f"experiment {summary['experiment']}", summary)
 
 
 def main(argv: list[str] | None = None) -> int:

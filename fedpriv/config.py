@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,6 +43,8 @@ class DataConfig(_Strict):
     heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of users held out (0 = none)")
     min_examples: int = Field(1, ge=1, description="drop users with fewer examples")
     max_examples_per_user: int | None = Field(None, ge=1, description="keep each user's first N examples")
+    eval_source: str | None = Field(None, min_length=1, description="evaluate on this source instead of held-out users")
+    eval_options: dict[str, Any] = Field(default_factory=dict, description="loader options of eval_source")
 
 
 class VocabConfig(_Strict):
@@ -50,11 +52,34 @@ class VocabConfig(_Strict):
     seq_len: int = Field(20, ge=1, description="tokens per encoded example (before bos/eos)")
 
 
+class TaskConfig(_Strict):
+    kind: Literal["nwp", "ner"] = Field("nwp", description="nwp (next-word prediction) or ner (tagging)")
+    model: str = Field("small", min_length=1, description="model preset (nwp: tiny, small, stackoverflow)")
+    options: dict[str, Any] = Field(default_factory=dict, description="task hyperparameters, e.g. head = 'crf' for ner")
+
+
+class TrainingConfig(_Strict):
+    optimizer: Literal["sgd", "momentum", "adam"] = "adam"
+    learning_rate: float = Field(1e-3, gt=0.0)
+    momentum: float = Field(0.9, ge=0.0, lt=1.0, description="for optimizer = momentum")
+    schedule: Literal["constant", "cosine", "warmup_cosine"] = "constant"
+    warmup_steps: int = Field(0, ge=0)
+    batch_size: int = Field(32, ge=1)
+    epochs: float | None = Field(None, gt=0.0, description="train for this many passes (or give steps)")
+    steps: int | None = Field(None, ge=1, description="train for this many steps (or give epochs)")
+    order: Literal["iid", "noniid"] = Field("iid", description="iid: records shuffled; noniid: users in random order, records contiguous")
+    eval_every: int = Field(200, ge=1, description="steps between evaluations")
+    checkpoint_every: int = Field(200, ge=1, description="steps between checkpoints")
+    eval_batch_size: int = Field(256, ge=1)
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., min_length=1)
     seed: int = 0
     data: DataConfig = Field(default_factory=DataConfig)
     vocab: VocabConfig = Field(default_factory=VocabConfig)
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    training: TrainingConfig = Field(default_factory=TrainingConfig)
 
 
 def _path_of(loc: tuple) -> str:

@@ -1,8 +1,8 @@
-"""From an experiment config to the data every training of the experiment uses.
+"""From an experiment config to what a trainer consumes: corpora, the task, encoded arrays.
 
-``prepare_data`` resolves the source, filters users, holds out users by a stable hash, builds the
-top-K word vocabulary on the training users only (so held-out users never shape the vocabulary)
-and encodes the training records to fixed-length id sequences.
+``prepare`` resolves the source, filters users, picks the evaluation data (``data.eval_source``,
+or users held out by a stable hash of their id), builds the task on the training users only (so
+evaluation data never shapes the vocabulary) and encodes the records.
 """
 
 from __future__ import annotations
@@ -18,52 +18,77 @@ from fedpriv.config import ExperimentConfig, load_config
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.sources import open_corpus
 from fedpriv.errors import FedprivError
-from fedpriv.vocab.word import WordVocab
+from fedpriv.tasks.base import Batch, Task
+from fedpriv.tasks.registry import build_task
+
+ENCODE_CHUNK = 4096
 
 
 @dataclass
-class PreparedData:
+class Prepared:
     config: ExperimentConfig
     train: FederatedCorpus
-    heldout: FederatedCorpus | None
-    vocab: WordVocab
-    train_ids: np.ndarray  # (records, seq_len + 1) int32, records in corpus order
+    eval: dict[str, FederatedCorpus]
+    task: Task
+    train_arrays: Batch
+    eval_arrays: dict[str, Batch]
 
     def summary(self) -> dict:
-        ids = self.train_ids
-        body = ids[:, 1:]
-        real = body[(body != self.vocab.pad) & (body != self.vocab.eos)]
-        return {
+        out = {
             "experiment": self.config.name,
+            "task": self.task.name,
             "source": self.train.name,
             "train_users": self.train.num_users,
             "train_examples": self.train.num_examples,
-            "heldout_users": self.heldout.num_users if self.heldout is not None else 0,
-            "heldout_examples": self.heldout.num_examples if self.heldout is not None else 0,
-            "vocab_size_with_specials": len(self.vocab),
-            "encoded_shape": f"{ids.shape[0]} x {ids.shape[1]}",
-            "oov_rate": float((real == self.vocab.oov).mean()) if real.size else 0.0,
         }
+        for name, c in self.eval.items():
+            out[f"{name}_users"] = c.num_users
+            out[f"{name}_examples"] = c.num_examples
+        vocab = getattr(self.task, "vocab", None)
+        if vocab is not None:
+            out["vocab_size_with_specials"] = len(vocab)
+        return out
 
 
-def prepare_data(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[str], None] | None = None) -> PreparedData:
-    """Load, filter, split, build the vocabulary and encode (see the module docstring)."""
-    cfg = config if isinstance(config, ExperimentConfig) else load_config(Path(config))
-    say = log or (lambda _msg: None)
+def encode_corpus(task: Task, corpus: FederatedCorpus) -> Batch:
+    """All records of ``corpus`` (users in order) encoded by ``task``, in chunks."""
+    chunks: list[Batch] = []
+    buf = []
+    for ex in corpus.records():
+        buf.append(ex)
+        if len(buf) == ENCODE_CHUNK:
+            chunks.append(task.encode(buf))
+            buf = []
+    if buf:
+        chunks.append(task.encode(buf))
+    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> tuple[FederatedCorpus, dict[str, FederatedCorpus]]:
     d = cfg.data
-    say(f"loading {d.source} ...")
+    log(f"loading {d.source} ...")
     corpus = open_corpus(d.source, format=d.format, **d.options)
-    if corpus.kind != "text":
-        raise FedprivError(f"{d.source}: the NWP pipeline needs text examples, this source has {corpus.kind} ones")
     if d.min_examples > 1:
         corpus = corpus.with_min_examples(d.min_examples)
     if d.max_examples_per_user is not None:
         corpus = corpus.truncated(d.max_examples_per_user)
-    heldout = None
-    if d.heldout_fraction > 0:
-        corpus, heldout = corpus.split_heldout_users(d.heldout_fraction, salt=f"{cfg.name}:{cfg.seed}")
-    say(f"{corpus.num_users} training users, {corpus.num_examples} examples; building the vocabulary ...")
-    texts = [ex.text for ex in corpus.records()]
-    vocab = WordVocab.build(texts, cfg.vocab.size)
-    ids = vocab.encode_batch(texts, cfg.vocab.seq_len)
-    return PreparedData(cfg, corpus, heldout, vocab, ids)
+    evals: dict[str, FederatedCorpus] = {}
+    if d.eval_source is not None:
+        evals["eval"] = open_corpus(d.eval_source, **d.eval_options)
+        if evals["eval"].kind != corpus.kind:
+            raise FedprivError(f"data.eval_source holds {evals['eval'].kind} examples but data.source holds {corpus.kind} ones")
+    elif d.heldout_fraction > 0:
+        corpus, evals["heldout"] = corpus.split_heldout_users(d.heldout_fraction, salt=f"{cfg.name}:{cfg.seed}")
+    return corpus, evals
+
+
+def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[str], None] | None = None) -> Prepared:
+    """Load, filter, split, build the task and encode (see the module docstring)."""
+    cfg = config if isinstance(config, ExperimentConfig) else load_config(Path(config))
+    say = log or (lambda _msg: None)
+    train, evals = load_training_corpora(cfg, say)
+    say(f"{train.num_users} training users, {train.num_examples} examples; building the {cfg.task.kind} task ...")
+    task = build_task(cfg, train)
+    arrays = encode_corpus(task, train)
+    eval_arrays = {name: encode_corpus(task, c) for name, c in evals.items()}
+    return Prepared(cfg, train, evals, task, arrays, eval_arrays)

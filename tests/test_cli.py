@@ -80,11 +80,16 @@ def test_installed_command_prints_no_traceback(tmp_path):
     assert ok.returncode == 0 and ok.stdout.startswith("fedpriv ")
 
 
-def test_config_check_and_demo(capsys):
+def test_config_check_and_demo(capsys, tmp_path):
     assert main(["config", "check", "experiments/demo.toml"]) == 0
     assert "ok" in capsys.readouterr().out
-    assert main(["demo", "--json"]) == 0
+    # The demo's own config, shortened: the same command path, a fraction of the steps.
+    text = open("experiments/demo.toml").read().replace('model = "small"', 'model = "tiny"').replace("epochs = 3", "steps = 30")
+    cfg = tmp_path / "demo.toml"
+    cfg.write_text(text)
+    assert main(["demo", "--json", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["train_users"] + summary["heldout_users"] == 299
     assert summary["train_examples"] + summary["heldout_examples"] == 12625
     assert summary["vocab_size_with_specials"] == 10_004
+    assert summary["steps"] == 30 and summary["final_perplexity"] > 0 and summary["heldout_unigram_perplexity"] > 0

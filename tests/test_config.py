@@ -24,7 +24,9 @@ def test_defaults():
         ({"name": "x", "vocab": {"size": 0}}, r"vocab\.size: Input should be greater than or equal to 1"),
         ({"name": "x", "data": {"heldout_fraction": 1.5}}, r"data\.heldout_fraction: Input should be less than 1"),
         ({"name": "x", "seed": 1.5}, r"seed: Input should be a valid integer"),
-        ({"name": "x", "training": {}}, r"training: unknown key"),
+        ({"name": "x", "trainig": {}}, r"trainig: unknown key"),
+        ({"name": "x", "training": {"order": "random"}}, r"training\.order: Input should be .iid. or .noniid."),
+        ({"name": "x", "training": {"learning_rate": 0}}, r"training\.learning_rate: Input should be greater than 0"),
         ({}, r"name: Field required"),
     ],
 )

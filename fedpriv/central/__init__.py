@@ -1,0 +1,1 @@
+"""Central training over records: SGD (and, in later modules, DP-SGD)."""

@@ -1,0 +1,81 @@
+"""What a task is: a model, its batching, a per-example loss and its metrics.
+
+Trainers (central SGD and DP-SGD) and federated clients only ever call these methods, so they
+never depend on a particular model. A task is a plain Python object (hyperparameters and
+vocabularies); parameters are a pytree passed in and out.
+
+Contract (what DP-SGD relies on):
+
+* ``encode(examples)`` turns examples into a :data:`Batch`: a dict of NumPy arrays whose leading
+  axis is the example axis, with FIXED trailing shapes (so every batch compiles once), plus
+  ``"mask"`` (float32 (B,), 1 for a real example, 0 for padding rows).
+* ``losses(params, batch, rng, train)`` returns the (B,) per-example losses. Example i's loss must
+  depend only on example i's arrays (no batch statistics), so that per-example gradients are
+  well defined and vmapping over single examples gives the same values.
+* ``metric_sums(params, batch)`` returns sums over the real (mask = 1) examples, so sums from many
+  batches (or many clients) add up; ``summarize(sums)`` turns the totals into the reported metrics.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedpriv.data.examples import Example
+
+Batch = dict[str, np.ndarray]
+Params = Any  # a pytree of jax arrays
+
+
+class Task(ABC):
+    """A model bound to its batching, per-example loss and metrics (see the module docstring)."""
+
+    name: str = "task"
+
+    @abstractmethod
+    def init_params(self, rng: jax.Array) -> Params:
+        """Fresh model parameters."""
+
+    @abstractmethod
+    def encode(self, examples: Sequence[Example]) -> Batch:
+        """Examples -> a batch of fixed trailing shapes, with ``"mask"`` all ones."""
+
+    @abstractmethod
+    def losses(self, params: Params, batch: Mapping[str, jax.Array], rng: jax.Array, train: bool) -> jax.Array:
+        """(B,) per-example losses (mean over the example's tokens); masked rows may be anything finite."""
+
+    @abstractmethod
+    def metric_sums(self, params: Params, batch: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """Sums over the real examples of the batch (scalars), e.g. correct tokens, tokens, loss sum."""
+
+    @abstractmethod
+    def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
+        """Reported metrics from summed ``metric_sums`` (e.g. accuracy, perplexity, F1)."""
+
+    # ---- shared helpers -----------------------------------------------------------------------
+    def mean_loss(self, params: Params, batch: Mapping[str, jax.Array], rng: jax.Array, train: bool = True) -> jax.Array:
+        """The non-private objective: mean per-example loss over the real examples of the batch."""
+        mask = batch["mask"]
+        return jnp.sum(self.losses(params, batch, rng, train) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def pad_batch(batch: Batch, size: int) -> Batch:
+    """Append masked zero rows so the batch has ``size`` rows (fixed shapes for jit)."""
+    n = len(batch["mask"])
+    if n > size:
+        raise ValueError(f"batch of {n} does not fit in {size}")
+    if n == size:
+        return batch
+    return {k: np.concatenate([v, np.zeros((size - n, *v.shape[1:]), dtype=v.dtype)]) for k, v in batch.items()}
+
+
+def add_sums(total: dict[str, float], sums: Mapping[str, Any]) -> dict[str, float]:
+    """Accumulate metric sums (device scalars are fetched as Python floats)."""
+    for k, v in sums.items():
+        total[k] = total.get(k, 0.0) + float(v)
+    return total
