@@ -140,26 +140,20 @@ def config_check(
 
 
 def _train_central(config: Path, out: Optional[Path], as_json: bool, stop_after: Optional[int] = None) -> dict:
-    from fedpriv.central.trainer import train_central
+    from fedpriv.central.run import run_central
     from fedpriv.pipeline import prepare
 
     say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
     prepared = prepare(config, log=say)
     cfg = prepared.config
     run_dir = out or Path("runs") / cfg.name
-    result = train_central(
-        prepared.task,
-        prepared.train_arrays,
-        prepared.train.counts(),
-        cfg.training,
-        cfg.seed,
-        run_dir,
-        eval_sets=prepared.eval_arrays,
-        stop_after=stop_after,
-        log=say,
-        extra_meta={"experiment": cfg.model_dump()},
-    )
+    result = run_central(prepared, run_dir, stop_after=stop_after, log=say)
     summary = {**prepared.summary(), "run_dir": str(run_dir), "steps": result.steps, **{f"final_{k}": v for k, v in result.final_eval.items() if k not in ("step", "epoch", "split")}}
+    train_rows = [r for r in result.history if r["split"] == "train"]
+    if train_rows and "epsilon" in train_rows[-1]:
+        summary.update(epsilon=train_rows[-1]["epsilon"], delta=train_rows[-1]["delta"], guarantee=train_rows[-1]["guarantee"])
+    if result.stopped:
+        summary["stopped"] = result.stopped
     if cfg.task.kind == "nwp" and prepared.eval_arrays:
         from fedpriv.tasks.nwp import unigram_perplexity
 
@@ -171,7 +165,7 @@ def _train_central(config: Path, out: Optional[Path], as_json: bool, stop_after:
 def _print_summary(title: str, summary: dict) -> None:
     t = Table(title=title, show_header=False)
     for k, v in summary.items():
-        t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.4f}" if isinstance(v, float) else str(v))
+        t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v))
     out.print(t)
 
 

@@ -73,6 +73,22 @@ class TrainingConfig(_Strict):
     eval_batch_size: int = Field(256, ge=1)
 
 
+class PrivacyConfig(_Strict):
+    """DP-SGD for central training (a ``[privacy]`` section turns it on)."""
+
+    clip_norm: float = Field(..., gt=0.0, description="C: per-example L2 clip norm")
+    noise_multiplier: float | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
+    target_epsilon: float | None = Field(None, gt=0.0, description="calibrate sigma to reach this epsilon at the end")
+    delta: float = Field(..., gt=0.0, lt=1.0)
+    sampling: Literal["poisson", "fixed"] = Field("poisson", description="poisson: q = B/N; fixed: B of N without replacement each step")
+    micro_batch_size: int | None = Field(None, ge=1, description="b: examples per device per micro-step (default: the whole batch)")
+    devices: int = Field(1, ge=1, description="P: devices a micro-step is sharded over")
+    noise_mode: Literal["once", "per-shard", "per-micro-step"] = Field("once", description="where noise is drawn")
+    clipping: Literal["auto", "fast", "reference"] = Field("auto", description="fast (ghost norms) where the model allows")
+    epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a step would exceed this epsilon")
+    accountant: Literal["rdp", "pld"] = "rdp"
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., min_length=1)
     seed: int = 0
@@ -80,6 +96,7 @@ class ExperimentConfig(_Strict):
     vocab: VocabConfig = Field(default_factory=VocabConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
+    privacy: PrivacyConfig | None = None
 
 
 def _path_of(loc: tuple) -> str:

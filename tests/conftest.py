@@ -1,8 +1,16 @@
-"""Shared fixtures: paths of the real data copied into tests/data (each with its NOTICE)."""
+"""Shared fixtures: paths of the real data copied into tests/data (each with its NOTICE).
 
-from pathlib import Path
+JAX sees 8 CPU devices in the tests (set before JAX is imported), so sharded training runs here
+without accelerators.
+"""
 
-import pytest
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
 

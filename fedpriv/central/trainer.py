@@ -97,6 +97,7 @@ class TrainResult:
     steps: int
     final_eval: dict[str, float]
     history: list[dict] = field(default_factory=list)
+    stopped: str | None = None
 
 
 class Progress:
@@ -130,6 +131,70 @@ class Progress:
             self.bar.stop()
 
 
+class Stepper:
+    """Runs one training step. The trainer owns the loop, evaluation, metrics and checkpoints;
+    a stepper owns how a step's records are chosen and turned into an update."""
+
+    #: steps in one pass over the records (for the ``epoch`` column of the metrics)
+    steps_per_epoch: int = 1
+
+    def init_state(self, params: Params) -> dict:
+        raise NotImplementedError
+
+    def step(self, state: dict, step: int) -> tuple[dict, jax.Array]:
+        """The state after step ``step`` (0-based) and that step's mean training loss."""
+        raise NotImplementedError
+
+    def after_step(self, done: int) -> str | None:
+        """Called after ``done`` steps (also at the start, with the steps already done); returns a
+        reason to stop before the next step (e.g. it would exceed the privacy budget), or None."""
+        return None
+
+    def report(self, done: int) -> dict:
+        """Extra columns for the train row of ``metrics.jsonl`` (e.g. epsilon)."""
+        return {}
+
+    def save(self, run_dir: Path, done: int) -> None:
+        """Persist what the stepper keeps outside the state (e.g. the privacy ledger)."""
+
+    def resume(self, run_dir: Path, done: int) -> None:
+        """Restore it when the run resumes at step ``done``."""
+
+
+class SGDStepper(Stepper):
+    """Non-private minibatch training: the schedule's records, padded; one jitted update per step."""
+
+    def __init__(self, task: Task, train: Batch, user_counts: np.ndarray, cfg: TrainingConfig, seed: int, tx: optax.GradientTransformation, grad_fn: GradFn | None = None):
+        self.task, self.train, self.cfg, self.tx = task, train, cfg, tx
+        self.schedule = BatchSchedule(user_counts, cfg.order, seed, cfg.batch_size)
+        self.steps_per_epoch = self.schedule.steps_per_epoch
+        self.base_key = step_key_base(seed)
+        grad_fn = grad_fn or sgd_gradient(task)
+
+        @jax.jit
+        def step_fn(state, batch, step):
+            loss, grads = grad_fn(state["params"], batch, jax.random.fold_in(self.base_key, step))
+            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+            return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss
+
+        self._step_fn = step_fn
+
+    def init_state(self, params: Params) -> dict:
+        return {"params": params, "opt_state": self.tx.init(params)}
+
+    def step(self, state: dict, step: int) -> tuple[dict, jax.Array]:
+        return self._step_fn(state, gather(self.train, self.schedule.indices(step), self.cfg.batch_size), step)
+
+
+def step_key_base(seed: int) -> jax.Array:
+    """The key every step's randomness is folded from (the init key is the other half)."""
+    return jax.random.split(jax.random.key(seed))[1]
+
+
+def init_key(seed: int) -> jax.Array:
+    return jax.random.split(jax.random.key(seed))[0]
+
+
 def train_central(
     task: Task,
     train: Batch,
@@ -139,7 +204,7 @@ def train_central(
     run_dir: str | os.PathLike[str],
     eval_sets: Mapping[str, Batch] | None = None,
     grad_fn: GradFn | None = None,
-    on_step: Callable[[int], None] | None = None,
+    stepper: Stepper | None = None,
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
     extra_meta: dict | None = None,
@@ -147,7 +212,7 @@ def train_central(
     """Train ``task`` on pre-encoded ``train`` rows (users in corpus order, ``user_counts`` rows each).
 
     ``eval_sets``: name -> encoded rows, evaluated every ``cfg.eval_every`` steps and at the end.
-    ``on_step(step)`` is called after each step (a DP trainer records its ledger there).
+    ``stepper``: how a step is made (default :class:`SGDStepper`, with ``grad_fn`` if given).
     ``stop_after``: stop (with a checkpoint) once this many steps are done in total — what a
     killed run looks like, for tests. Resumes from ``run_dir``'s checkpoint when there is one.
     """
@@ -159,21 +224,10 @@ def train_central(
     if int(np.sum(user_counts)) != num:
         raise FedprivError(f"user_counts sum to {int(np.sum(user_counts))} but there are {num} records")
     steps = total_steps(cfg, num)
-    schedule = BatchSchedule(user_counts, cfg.order, seed, cfg.batch_size)
-    tx = make_optimizer(cfg, steps)
-    init_key, base_key = jax.random.split(jax.random.key(seed))
-    params = task.init_params(init_key)
-    state = {"params": params, "opt_state": tx.init(params)}
-    grad_fn = grad_fn or sgd_gradient(task)
+    if stepper is None:
+        stepper = SGDStepper(task, train, user_counts, cfg, seed, make_optimizer(cfg, steps), grad_fn)
+    state = stepper.init_state(task.init_params(init_key(seed)))
     eval_sets = dict(eval_sets or {})
-
-    @jax.jit
-    def step_fn(state, batch, step):
-        rng = jax.random.fold_in(base_key, step)
-        loss, grads = grad_fn(state["params"], batch, rng)
-        updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-        return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss
-
     sums_fn = jax.jit(task.metric_sums)
     start, loss_acc = 0, [0.0, 0]
     metrics_path = run_dir / METRICS_FILE
@@ -182,6 +236,7 @@ def train_central(
         state, meta = resumed
         start = int(meta["step"])
         loss_acc = list(meta["loss_acc"])
+        stepper.resume(run_dir, start)
         _truncate_metrics(metrics_path, start)
     elif metrics_path.exists():
         metrics_path.unlink()
@@ -192,40 +247,54 @@ def train_central(
     if start:
         progress.note(f"resumed from the checkpoint at step {start} of {steps}")
     last_eval: dict[str, float] = {}
+    stopped: str | None = None
     t0 = time.perf_counter()
+    done = start
+    stopped = stepper.after_step(start) if start else None
+    if stopped:
+        progress.close()
+        progress.note(stopped)
+        return TrainResult(state["params"], start, {}, history, stopped)
     try:
         for step in range(start, steps):
-            idx = schedule.indices(step)
-            state, loss = step_fn(state, gather(train, idx, cfg.batch_size), step)
+            state, loss = stepper.step(state, step)
             loss_acc[0] += float(loss)
             loss_acc[1] += 1
             done = step + 1
-            if on_step is not None:
-                on_step(done)
-            if done % cfg.eval_every == 0 or done == steps:
-                row = {"step": done, "epoch": done / schedule.steps_per_epoch, "split": "train", "loss": loss_acc[0] / max(loss_acc[1], 1)}
+            stopped = stepper.after_step(done)
+            # stop_after imitates a kill: a checkpoint and nothing else, so the resumed run's
+            # metrics are those of an uninterrupted run.
+            halt = stop_after is not None and done >= stop_after and done < steps
+            if done % cfg.eval_every == 0 or done == steps or stopped:
+                epoch = done / stepper.steps_per_epoch
+                row = {"step": done, "epoch": epoch, "split": "train", "loss": loss_acc[0] / max(loss_acc[1], 1), **stepper.report(done)}
                 _append(metrics_path, row)
                 history.append(row)
                 loss_acc = [0.0, 0]
                 for name, arrays in eval_sets.items():
-                    last_eval = {"step": done, "epoch": row["epoch"], "split": name, **evaluate(task, state["params"], arrays, cfg.eval_batch_size, sums_fn)}
+                    last_eval = {"step": done, "epoch": epoch, "split": name, **evaluate(task, state["params"], arrays, cfg.eval_batch_size, sums_fn)}
                     _append(metrics_path, last_eval)
                     history.append(last_eval)
                 rate = (done - start) * cfg.batch_size / max(time.perf_counter() - t0, 1e-9)
                 progress.note(_describe(done, steps, row, last_eval, rate))
-            if done % cfg.checkpoint_every == 0 or done == steps or (stop_after is not None and done >= stop_after):
+            if done % cfg.checkpoint_every == 0 or done == steps or stopped or halt:
                 save_checkpoint(run_dir, state, {"step": done, "loss_acc": loss_acc})
+                stepper.save(run_dir, done)
             progress.advance(done, f"loss {float(loss):.3f}")
-            if stop_after is not None and done >= stop_after and done < steps:
-                return TrainResult(state["params"], done, last_eval, history)
+            if stopped or halt:
+                progress.note(stopped or f"stopped after step {done} as asked; run the same command again to resume")
+                break
     finally:
         progress.close()
-    (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(state["params"]))
-    return TrainResult(state["params"], steps, last_eval, history)
+    if done == steps or stopped:
+        (run_dir / "params.msgpack").write_bytes(serialization.to_bytes(state["params"]))
+    return TrainResult(state["params"], done, last_eval, history, stopped)
 
 
 def _describe(done: int, steps: int, train_row: dict, eval_row: dict, rate: float) -> str:
     parts = [f"step {done}/{steps}", f"train loss {train_row['loss']:.4f}"]
+    if train_row.get("epsilon") is not None:
+        parts.append(f"epsilon {train_row['epsilon']:.3g}")
     for k in ("perplexity", "accuracy", "f1", "loss"):
         if k in eval_row:
             parts.append(f"{eval_row['split']} {k} {eval_row[k]:.4g}")

@@ -13,7 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from fedpriv.models.layers import LSTM
+from fedpriv.models.layers import LSTM, Dense, Embed
 
 
 @dataclass(frozen=True)
@@ -42,12 +42,13 @@ class NWPLSTM(nn.Module):
         c = self.cfg
         if c.tie_embeddings and c.projection_dim != c.embed_dim:
             raise ValueError("tie_embeddings needs projection_dim == embed_dim")
-        embed = nn.Embed(c.vocab_size, c.embed_dim, name="embed")
+        embed = Embed(c.vocab_size, c.embed_dim, embedding_init=nn.initializers.normal(0.05), name="embed")
         lengths = jnp.sum(ids != 0, axis=1)
         # Inputs start with bos, so every real sequence has length >= 1; a padding row has 0.
         h = LSTM(c.lstm_units, name="lstm")(embed(ids), lengths)
-        p = nn.Dense(c.projection_dim, name="projection")(h)
+        p = Dense(c.projection_dim, name="projection")(h)
         if c.tie_embeddings:
+            # The table's second use is outside the Embed layer: DP-SGD uses the reference path.
             bias = self.param("output_bias", nn.initializers.zeros, (c.vocab_size,))
-            return embed.attend(p) + bias
-        return nn.Dense(c.vocab_size, name="output")(p)
+            return p @ embed.variables["params"]["embedding"].T + bias
+        return Dense(c.vocab_size, name="output")(p)

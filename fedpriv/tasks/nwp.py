@@ -18,6 +18,7 @@ import numpy as np
 import optax
 
 from fedpriv.data.examples import Example
+from fedpriv.models.capture import apply_model
 from fedpriv.models.nwp import PRESETS, NWPConfig, NWPLSTM
 from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.vocab.word import WordVocab
@@ -41,7 +42,7 @@ class NWPTask(Task):
         return {"ids": ids, "mask": np.ones(len(ids), np.float32)}
 
     def logits(self, params: Params, ids: jax.Array) -> jax.Array:
-        return self.model.apply({"params": params}, ids[:, :-1])
+        return apply_model(self.model, params, ids[:, :-1])
 
     def _token_terms(self, params: Params, batch: Mapping[str, jax.Array]):
         ids = batch["ids"]

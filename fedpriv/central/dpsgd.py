@@ -1,0 +1,226 @@
+"""DP-SGD (Abadi et al. 2016) with time-spread large batches (Hoory et al. 2021).
+
+A logical batch of B examples is sampled each step — Poisson with q = B/N (the batch size is
+random, the denominator is the expected size B) or exactly B drawn uniformly without replacement,
+independently at every step (what the fixed-size accountant assumes; no epoch shuffling). It is
+processed in micro-steps of P x b rows (b per device, P devices): each micro-step adds the
+per-example-clipped gradient sum to an accumulator; once the logical batch is done, noise
+N(0, sigma^2 C^2) is added once to the sum, it is divided by B, and the optimizer is applied.
+
+Noise modes (the ledger accounts each with its effective multiplier, Hoory et al. 2021 eq. 3):
+
+* ``once`` (default): one draw on the logical sum -> sigma;
+* ``per-shard``: each of the P shards adds its own draw (as TensorFlow's CrossShardOptimizer did)
+  -> sigma * sqrt(P);
+* ``per-micro-step``: every shard adds a draw at every one of the T micro-steps -> sigma * sqrt(P T);
+  only with fixed-size batches, where T is the same at every step (under Poisson sampling T would
+  depend on the sampled count, which the accountant does not cover).
+
+The sum of k independent N(0, s^2) draws is N(0, k s^2); the modes draw it as one Gaussian of
+that variance with the shared :func:`fedpriv.privacy.aggregate.noise_and_normalize`.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from fedpriv.central.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
+from fedpriv.central.trainer import Stepper, gather, step_key_base
+from fedpriv.config import PrivacyConfig, TrainingConfig
+from fedpriv.errors import FedprivError, PrivacyParameterError
+from fedpriv.privacy.accounting import GaussianSteps, calibrate_noise_multiplier, epsilon_for
+from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, noise_and_normalize
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.tasks.base import Batch, Params, Task
+
+
+def max_steps_within(event: GaussianSteps, budget: float, delta: float, accountant: str, upper: int) -> int:
+    """The largest number of steps (<= upper) whose epsilon at ``delta`` is <= ``budget``."""
+    def eps(k: int) -> float:
+        return epsilon_for(event.with_steps(k), delta, accountant).epsilon  # type: ignore[arg-type]
+
+    if eps(1) > budget:
+        return 0
+    if eps(upper) <= budget:
+        return upper
+    lo, hi = 1, upper  # eps(lo) <= budget < eps(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if eps(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class DPSGDStepper(Stepper):
+    """One DP-SGD step per logical batch (see the module docstring)."""
+
+    def __init__(
+        self,
+        task: Task,
+        train: Batch,
+        cfg: TrainingConfig,
+        dp: PrivacyConfig,
+        seed: int,
+        tx: optax.GradientTransformation,
+        total_steps: int,
+        log=None,  # noqa: ANN001
+    ):
+        self.task, self.train, self.cfg, self.dp, self.tx, self.seed = task, train, cfg, dp, tx, seed
+        say = log or (lambda _m: None)
+        n = len(train["mask"])
+        b_logical = cfg.batch_size
+        check_clip_norm(dp.clip_norm, "privacy.clip_norm")
+        if dp.sampling == "fixed" and b_logical > n:
+            raise PrivacyParameterError(f"training.batch_size = {b_logical} > {n} records: a fixed-size batch needs B <= N")
+        if dp.devices > jax.device_count():
+            raise FedprivError(
+                f"privacy.devices = {dp.devices} but JAX sees {jax.device_count()} device(s); on a CPU, set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={dp.devices} before starting"
+            )
+        self.P = dp.devices
+        self.b = dp.micro_batch_size or math.ceil(b_logical / self.P)
+        self.rows = self.P * self.b  # rows per micro-step
+        self.T = math.ceil(b_logical / self.rows)  # micro-steps per logical batch (fixed-size sampling)
+        if dp.noise_mode == "per-micro-step":
+            if dp.sampling != "fixed":
+                raise PrivacyParameterError("privacy.noise_mode = 'per-micro-step' needs sampling = 'fixed' (under Poisson sampling the number of micro-steps depends on the sample)")
+            if b_logical % self.rows:
+                raise PrivacyParameterError(f"privacy.noise_mode = 'per-micro-step': training.batch_size ({b_logical}) must be a multiple of devices x micro_batch_size ({self.rows})")
+        shards = self.P if dp.noise_mode in ("per-shard", "per-micro-step") else 1
+        micro = self.T if dp.noise_mode == "per-micro-step" else 1
+        self.draws = shards * micro
+        if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
+            raise PrivacyParameterError("privacy: give exactly one of noise_multiplier or target_epsilon")
+        template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, "example", shards, micro)
+        if dp.target_epsilon is not None:
+            sigma, ans = calibrate_noise_multiplier(template, dp.target_epsilon, dp.delta, dp.accountant)
+            say(f"calibrated noise multiplier {sigma:.4f} per draw for {ans.describe()}")
+        else:
+            sigma = float(dp.noise_multiplier)
+        self.sigma = sigma
+        self.event = GaussianSteps(dp.sampling, sigma, n, b_logical, 1, "example", shards, micro) if sigma > 0 else None
+        if self.event is None:
+            say("noise multiplier 0: clipping only, no privacy guarantee")
+        self.max_steps: int | None = None
+        if dp.epsilon_budget is not None:
+            if self.event is None:
+                raise PrivacyParameterError("privacy.epsilon_budget needs a noise multiplier > 0")
+            self.max_steps = max_steps_within(self.event, dp.epsilon_budget, dp.delta, dp.accountant, total_steps)
+            if self.max_steps == 0:
+                raise PrivacyParameterError(f"privacy.epsilon_budget = {dp.epsilon_budget}: even one step exceeds it at delta {dp.delta}")
+            if self.max_steps < total_steps:
+                say(f"the epsilon budget {dp.epsilon_budget} allows {self.max_steps} of the {total_steps} steps")
+        self.ledger = PrivacyLedger()
+        self.steps_per_epoch = max(1, math.ceil(n / b_logical))
+        self.q = b_logical / n
+        self.base_key = step_key_base(seed)
+        self._clip = self._choose_clipping(say)
+        self._build(say)
+
+    # ---- setup -----------------------------------------------------------------------------------
+    def _choose_clipping(self, say):  # noqa: ANN001
+        probe = {k: jnp.asarray(v) for k, v in gather(self.train, np.arange(self.b) % len(self.train["mask"]), self.b).items()}
+        params = jax.eval_shape(self.task.init_params, jax.random.key(0))
+        ok, why = supports_fast(self.task, params, probe, jax.random.key(0))
+        mode = self.dp.clipping
+        if mode == "fast" and not ok:
+            raise FedprivError(f"privacy.clipping = 'fast' is not available for this model: {why}")
+        use_fast = ok and mode != "reference"
+        say(f"per-example clipping: {'fast (ghost norms, book-keeping)' if use_fast else 'reference (vmap)'}" + ("" if ok or mode == "reference" else f" ({why})"))
+        self.clipping = "fast" if use_fast else "reference"
+        return fast_clipped_sum if use_fast else reference_clipped_sum
+
+    def _build(self, say) -> None:  # noqa: ANN001
+        task, clip, C = self.task, self._clip, self.dp.clip_norm
+        per_micro_std = self.sigma * C * math.sqrt(self.P) if self.dp.noise_mode == "per-micro-step" else 0.0
+        apply_sigma = 0.0 if self.dp.noise_mode == "per-micro-step" else self.sigma * math.sqrt(self.draws)
+        denominator = float(self.cfg.batch_size)  # fixed: exact size; Poisson: expected size q*N = B
+        tx = self.tx
+
+        def accumulate(params, acc, batch, key):
+            data_key, noise_key = jax.random.split(key)
+            s, _norms, losses = clip(task, params, batch, data_key, C)
+            if per_micro_std > 0:
+                s = add_gaussian_noise(s, noise_key, per_micro_std)
+            return jax.tree.map(jnp.add, acc, s), jnp.sum(losses * batch["mask"]), jnp.sum(batch["mask"])
+
+        def apply(state, acc, key):
+            grads = noise_and_normalize(acc, key, C, apply_sigma, denominator)
+            updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+            return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+
+        self._sharding = None
+        if self.P > 1:
+            from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+            mesh = Mesh(np.array(jax.devices()[: self.P]), ("data",))
+            self._sharding = (NamedSharding(mesh, PartitionSpec("data")), NamedSharding(mesh, PartitionSpec()))
+        self._accumulate = jax.jit(accumulate, donate_argnums=(1,))
+        self._apply = jax.jit(apply)
+
+    # ---- the Stepper interface ---------------------------------------------------------------------
+    def init_state(self, params: Params) -> dict:
+        return {"params": params, "opt_state": self.tx.init(params)}
+
+    def sample(self, step: int) -> np.ndarray:
+        """Record indices of step ``step``'s logical batch (deterministic by seed and step)."""
+        n = len(self.train["mask"])
+        rng = np.random.default_rng([self.seed, step, 0xD5])
+        if self.dp.sampling == "poisson":
+            return np.flatnonzero(rng.random(n) < self.q)
+        return np.sort(rng.choice(n, size=self.cfg.batch_size, replace=False))
+
+    def step(self, state: dict, step: int) -> tuple[dict, jax.Array]:
+        idx = self.sample(step)
+        key = jax.random.fold_in(self.base_key, step)
+        if self._sharding is not None:
+            state = jax.device_put(state, self._sharding[1])
+        acc = jax.tree.map(jnp.zeros_like, state["params"])
+        loss_sum, count = 0.0, 0.0
+        chunks = max(1, math.ceil(len(idx) / self.rows)) if self.dp.sampling == "poisson" else self.T
+        for k in range(chunks):
+            batch = gather(self.train, idx[k * self.rows : (k + 1) * self.rows], self.rows)
+            if self._sharding is not None:
+                batch = jax.device_put(batch, self._sharding[0])
+            acc, ls, c = self._accumulate(state["params"], acc, batch, jax.random.fold_in(key, k + 1))
+            loss_sum, count = loss_sum + ls, count + c
+        state = self._apply(state, acc, jax.random.fold_in(key, 0))
+        if self.event is not None:
+            self.ledger.record(self.event)
+        return state, loss_sum / jnp.maximum(count, 1.0)
+
+    def after_step(self, done: int) -> str | None:
+        if self.max_steps is not None and done >= self.max_steps:
+            a = self.answer()
+            return f"stopping after step {done}: one more step would take epsilon above the budget {self.dp.epsilon_budget} ({a['guarantee']})"
+        return None
+
+    def answer(self) -> dict:
+        if self.event is None or not self.ledger.entries:
+            return {"epsilon": None, "delta": self.dp.delta, "guarantee": "none (noise multiplier 0)" if self.event is None else "no steps yet"}
+        return self.ledger.epsilon(self.dp.delta, self.dp.accountant).to_json()
+
+    def report(self, done: int) -> dict:
+        a = self.answer()
+        return {"epsilon": a["epsilon"], "delta": a["delta"], "guarantee": a["guarantee"]}
+
+    def save(self, run_dir: Path, done: int) -> None:
+        self.ledger.save(run_dir)
+
+    def resume(self, run_dir: Path, done: int) -> None:
+        if self.event is None:
+            return
+        ledger = PrivacyLedger.load(run_dir)
+        if ledger.steps != done:
+            raise FedprivError(f"{run_dir}: the privacy ledger holds {ledger.steps} steps but the checkpoint is at step {done}")
+        if ledger.entries and not ledger.entries[-1].same_mechanism(self.event):
+            raise FedprivError(f"{run_dir}: the privacy ledger was recorded with other DP parameters; use a new run directory")
+        self.ledger = ledger
