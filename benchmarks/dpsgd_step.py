@@ -1,0 +1,125 @@
+"""DP-SGD step time against the non-private step, for the vmap reference and for fast clipping.
+
+    .venv/bin/python benchmarks/dpsgd_step.py [--model nwp|bert|all] [--batch 64] [--repeats 20] [--json]
+
+One step = gradient (non-private: of the mean loss; DP: per-example clipped sum + Gaussian noise
+/ B) + an Adam update, each jitted as one function. The three variants are timed round-robin in
+one run (the machine is shared: ratios measured side by side are what this reports; absolute
+times drift). Prints examples per second and the ratio DP / non-private for each clipping.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fedpriv.central.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast  # noqa: E402
+from fedpriv.privacy.aggregate import noise_and_normalize  # noqa: E402
+
+
+def nwp_setup(batch: int):
+    from fedpriv.data.synthetic import load_synthetic
+    from fedpriv.tasks.nwp import NWPTask
+    from fedpriv.vocab.word import WordVocab
+
+    corpus = load_synthetic("synthetic:small")
+    texts = [e.text for _, exs in zip(range(60), corpus.users()) for e in exs[1]][: batch * 4]
+    vocab = WordVocab.build(texts, 10_000)
+    vocab = WordVocab(list(vocab.words) + [f"pad{i}" for i in range(10_000 - len(vocab.words))])
+    task = NWPTask(vocab, 20, "stackoverflow")
+    return task, task.encode([type("E", (), {"text": t})() for t in texts[:batch]]), "NWP LSTM (Stack Overflow shape: 96/670/96, 10,004 ids), length 20"
+
+
+def bert_setup(batch: int):
+    from fedpriv.tasks.mlm import MLMTask  # noqa: F401  (present once the BERT task lands)
+
+    raise SystemExit("bert benchmark: wire MLMTask here")
+
+
+def make_steps(task, params, batch):
+    tx = optax.adam(1e-3)
+    C, sigma, B = 1.0, 1.0, float(len(batch["mask"]))
+
+    def sgd(params, opt, batch, key):
+        loss, g = jax.value_and_grad(task.mean_loss)(params, batch, key, True)
+        upd, opt = tx.update(g, opt, params)
+        return optax.apply_updates(params, upd), opt, loss
+
+    def dp(clip):
+        def step(params, opt, batch, key):
+            s, _, losses = clip(task, params, batch, key, C)
+            g = noise_and_normalize(s, jax.random.fold_in(key, 1), C, sigma, B)
+            upd, opt = tx.update(g, opt, params)
+            return optax.apply_updates(params, upd), opt, jnp.mean(losses)
+
+        return step
+
+    steps = {"non-private": sgd, "dp-reference (vmap)": dp(reference_clipped_sum)}
+    ok, why = supports_fast(task, params, batch, jax.random.key(0))
+    if ok:
+        steps["dp-fast (ghost + book-keeping)"] = dp(fast_clipped_sum)
+    else:
+        print(f"fast clipping not available: {why}", file=sys.stderr)
+    return {k: jax.jit(v) for k, v in steps.items()}, tx
+
+
+def bench(name: str, task, batch, repeats: int) -> dict:
+    params = task.init_params(jax.random.key(0))
+    batch = {k: jnp.asarray(v) for k, v in batch.items()}
+    steps, tx = make_steps(task, params, batch)
+    opt = tx.init(params)
+    times: dict[str, list[float]] = {k: [] for k in steps}
+    for fn in steps.values():  # compile and warm up
+        for _ in range(2):
+            jax.block_until_ready(fn(params, opt, batch, jax.random.key(1)))
+    for r in range(repeats):
+        for k, fn in steps.items():
+            t = time.perf_counter()
+            jax.block_until_ready(fn(params, opt, batch, jax.random.key(r)))
+            times[k].append(time.perf_counter() - t)
+    b = len(batch["mask"])
+    base = statistics.median(times["non-private"])
+    rows = {}
+    for k, ts in times.items():
+        med = statistics.median(ts)
+        rows[k] = {"median_s": med, "examples_per_s": b / med, "ratio_to_non_private": med / base}
+    return {"model": name, "batch": b, "repeats": repeats, "steps": rows}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", choices=["nwp", "bert", "all"], default="nwp")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    results = []
+    setups = {"nwp": nwp_setup, "bert": bert_setup}
+    for m in (["nwp", "bert"] if args.model == "all" else [args.model]):
+        task, batch, name = setups[m](args.batch)
+        results.append(bench(name, task, batch, args.repeats))
+    meta = {"machine": platform.processor() or platform.machine(), "jax": jax.__version__, "backend": jax.default_backend(), "devices": jax.device_count()}
+    if args.json:
+        print(json.dumps({"meta": meta, "results": results}, indent=2))
+        return
+    print(f"backend {meta['backend']}, jax {meta['jax']}")
+    for res in results:
+        print(f"\n{res['model']}, batch {res['batch']}, median of {res['repeats']} round-robin repeats")
+        for k, r in res["steps"].items():
+            print(f"  {k:34s} {r['median_s'] * 1e3:8.1f} ms  {r['examples_per_s']:8.0f} examples/s  ratio {r['ratio_to_non_private']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
