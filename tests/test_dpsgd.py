@@ -290,3 +290,23 @@ def test_impossible_settings_are_refused_before_training(nwp, kw, cfg_kw, messag
     task, arrays, _ = nwp
     with pytest.raises((PrivacyParameterError, FedprivError), match=message):
         DPSGDStepper(task, arrays, tcfg(**cfg_kw), dp_cfg(**kw), 0, optax.sgd(0.1), 4)
+
+
+def test_fast_equals_reference_on_the_ner_tagger_and_crf_falls_back(wnut_train):
+    from fedpriv.data.conll import iter_sentences
+    from fedpriv.tasks.ner import NERTask
+
+    sents = [s for _, s in iter_sentences(wnut_train)][:12]
+    for head in ("softmax", "crf"):
+        task = NERTask.from_examples(sents, head=head, dropout=0.0, embed_dim=16, hidden=8, case_dim=4, max_len=48)
+        params = task.init_params(jax.random.key(0))
+        batch = {k: jnp.asarray(v) for k, v in task.encode(sents).items()}
+        ok, why = supports_fast(task, params, batch, jax.random.key(0))
+        if head == "crf":
+            assert not ok and "transitions" in why
+            continue
+        assert ok, why
+        ref, _, _ = jax.jit(lambda p, b: reference_clipped_sum(task, p, b, jax.random.key(0), 0.2))(params, batch)
+        fast, _, _ = jax.jit(lambda p, b: fast_clipped_sum(task, p, b, jax.random.key(0), 0.2))(params, batch)
+        for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(fast)):
+            np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)

@@ -1,0 +1,1 @@
+"""Flax models: the NWP LSTM, the NER BiLSTM tagger and its linear-chain CRF."""
