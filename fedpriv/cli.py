@@ -21,6 +21,7 @@ from rich.table import Table
 from fedpriv import __version__
 from fedpriv.errors import FedprivError
 from fedpriv.privacy.cli import privacy_app
+from fedpriv.vocab.cli import vocab_app
 
 app = typer.Typer(
     name="fedpriv",
@@ -36,6 +37,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(config_app, name="config")
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(train_app, name="train")
+app.add_typer(vocab_app, name="vocab")
 
 out = Console()
 err = Console(stderr=True)

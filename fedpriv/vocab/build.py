@@ -1,0 +1,262 @@
+"""Build a vocabulary (word, WordPiece or SentencePiece), plain or from a DP histogram, with a report.
+
+:func:`build_vocab` streams the source once, counting both the plain word histogram and the DP
+mechanism's histogram; learns the vocabulary from the DP histogram (or the plain one without
+``dp``); learns the same kind from the plain histogram too, so the report shows what privacy
+costs; and writes the vocabulary files and ``report.json`` into ``out_dir`` atomically (everything
+is staged in a sibling folder and moved in at the end; on error nothing is written).
+
+Only the vocabulary files and the mechanism's parameters are covered by the DP guarantee. The
+other figures of the report (distinct words, words dropped, the non-private vocabulary's figures,
+coverage) are computed from the raw data: they are for the data owner, not for publication. The
+non-private vocabulary itself is never written.
+
+Files: ``kind="word"``: ``vocab.json`` (:class:`~fedpriv.vocab.word.WordVocab`, ``size`` words plus
+4 specials); ``"wordpiece"``: ``vocab.txt`` (BERT format, ``size`` tokens in all); ``"sentencepiece"``:
+``spm.model`` and ``spm.vocab`` (at most ``size`` pieces in all; unigram training on a histogram
+whose total count exceeds 5 million sees it scaled down, see :mod:`fedpriv.vocab.spm`). With ``dp``, also
+``histogram.tsv``: the released noisy histogram (``word<TAB>count``, rounded), which is DP too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.errors import EmptyCorpusError, FedprivError, PrivacyParameterError
+from fedpriv.vocab.dp_histogram import (
+    DEFAULT_TUPLE_SIZE,
+    MECHANISMS,
+    WordCounter,
+    corpus_word_batches,
+    counter_for,
+    mechanism_params,
+    release,
+)
+
+KINDS = ("word", "wordpiece", "sentencepiece")
+#: Coverage figures are computed over at most this many of the most frequent distinct words.
+EVAL_MAX_WORDS = 500_000
+NOT_PRIVATE_NOTE = (
+    "Only the vocabulary files, histogram.tsv and the DP parameters are covered by the guarantee; the other "
+    "figures here (distinct words, words dropped, the non-private vocabulary, coverage) are computed from the raw "
+    "data and are for the data owner only."
+)
+
+
+def _check_size(kind: str, size: object) -> int:
+    if isinstance(size, bool) or not isinstance(size, int):
+        raise FedprivError(f"size must be an integer, got {size!r}")
+    least = {"word": 1, "wordpiece": 7, "sentencepiece": 4}[kind]
+    if size < least:
+        raise FedprivError(f"size must be >= {least} for a {kind} vocabulary, got {size}")
+    return size
+
+
+def _learn(kind: str, counts: dict[str, float], size: int, folder: Path, model_type: str, min_pair_count: float) -> tuple[Any, list[str]]:
+    """The vocabulary of ``kind`` learned from ``counts``, saved into ``folder``; (vocab, file names)."""
+    if kind == "word":
+        from fedpriv.vocab.word import WordVocab
+
+        vocab = WordVocab.from_counts(counts, size)
+        vocab.save(folder / "vocab.json")
+        return vocab, ["vocab.json"]
+    if kind == "wordpiece":
+        from fedpriv.vocab.wordpiece import learn_wordpiece
+
+        vocab = learn_wordpiece(counts, size, min_pair_count=min_pair_count)
+        vocab.save(folder / "vocab.txt")
+        return vocab, ["vocab.txt"]
+    from fedpriv.vocab.spm import train_sentencepiece
+
+    model = train_sentencepiece(counts, folder, vocab_size=size, model_type=model_type, prefix="spm")
+    return model, ["spm.model", "spm.vocab"]
+
+
+def _figures(kind: str, vocab: Any, true_counts: Counter) -> dict:
+    """Vocabulary size and how it covers the raw word occurrences (weighted by their true counts):
+    ``oov_rate`` (word), or ``pieces_per_word`` and ``unk_rate`` (fraction of occurrences whose
+    word holds an unknown piece) for the subword kinds."""
+    top = true_counts.most_common(EVAL_MAX_WORDS) if len(true_counts) > EVAL_MAX_WORDS else list(true_counts.items())
+    total = float(sum(c for _, c in top)) or 1.0
+    out: dict[str, Any] = {}
+    if kind == "word":
+        out["vocab_size"] = len(vocab.words)
+        out["ids_with_specials"] = len(vocab)
+        index = vocab._index
+        out["oov_rate"] = sum(c for w, c in top if w not in index) / total
+        tokens = set(vocab.words)
+    elif kind == "wordpiece":
+        out["vocab_size"] = len(vocab)
+        pieces = unk = 0.0
+        for w, c in top:
+            t = vocab.tokenize_word(w)
+            pieces += c * len(t)
+            if t[0] == vocab.unk_token and len(t) == 1:
+                unk += c
+        out["pieces_per_word"] = pieces / total
+        out["unk_rate"] = unk / total
+        tokens = set(vocab.tokens)
+    else:
+        sp = vocab.processor()
+        out["vocab_size"] = sp.get_piece_size()
+        if vocab.count_scale != 1.0:
+            out["count_scale"] = vocab.count_scale
+        words = [w for w, _ in top]
+        ids = sp.encode(words) if words else []
+        unk_id = sp.unk_id()
+        pieces = unk = 0.0
+        for (w, c), seq in zip(top, ids):
+            pieces += c * len(seq)
+            if unk_id in seq:
+                unk += c
+        out["pieces_per_word"] = pieces / total
+        out["unk_rate"] = unk / total
+        tokens = {sp.id_to_piece(i) for i in range(sp.get_piece_size())}
+    if len(true_counts) > EVAL_MAX_WORDS:
+        out["evaluated_over_top_words"] = EVAL_MAX_WORDS
+    return {"figures": out, "tokens": tokens}
+
+
+def build_vocab(
+    source: FederatedCorpus | str,
+    kind: str = "word",
+    size: int = 10_000,
+    dp: str | None = None,
+    *,
+    out_dir: str | os.PathLike[str],
+    epsilon: float | None = None,
+    sigma: float | None = None,
+    delta: float = 1e-9,
+    tuple_size: int = DEFAULT_TUPLE_SIZE,
+    partition: str = "stream",
+    threshold_rule: str = "quantile",
+    seed: int = 0,
+    model_type: str = "unigram",
+    min_pair_count: float = 2.0,
+    source_format: str | None = None,
+    source_options: dict | None = None,
+) -> dict:
+    """Build a vocabulary of ``kind`` with at most ``size`` entries (see the module doc) and return the report.
+
+    ``dp``: None (plain), ``"gaussian"`` (Hoory et al. tuples; ``tuple_size`` words per tuple,
+    ``partition`` stream or example), ``"laplace"`` (``epsilon`` per word) or ``"count"``
+    (Ponomareva et al.; ``tuple_size`` words per example). Give ``sigma`` or a target ``epsilon``
+    for the Gaussian forms. All parameters are checked before the source is opened."""
+    if kind not in KINDS:
+        raise FedprivError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
+    size = _check_size(kind, size)
+    if kind == "sentencepiece":
+        from fedpriv.vocab.spm import MODEL_TYPES
+
+        if model_type not in MODEL_TYPES:
+            raise FedprivError(f"model_type must be one of {', '.join(MODEL_TYPES)}, got {model_type!r}")
+    params = None
+    if dp is None:
+        if epsilon is not None or sigma is not None:
+            raise PrivacyParameterError("epsilon/sigma given without a DP mechanism; pass dp= one of " + ", ".join(MECHANISMS))
+    else:
+        if dp not in MECHANISMS:
+            raise PrivacyParameterError(f"dp mechanism must be one of {', '.join(MECHANISMS)}, got {dp!r}")
+        params = mechanism_params(
+            dp, sigma=sigma, epsilon=epsilon, delta=delta, tuple_size=tuple_size, partition=partition, threshold_rule=threshold_rule
+        )
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FedprivError(f"{out}: exists and is not a directory")
+
+    if isinstance(source, FederatedCorpus):
+        corpus = source
+    else:
+        from fedpriv.data.sources import open_corpus
+
+        corpus = open_corpus(str(source), format=source_format, **(source_options or {}))
+
+    # One pass: the plain histogram and the mechanism's.
+    plain = WordCounter()
+    mech = counter_for(params) if params is not None else None
+    for batch in corpus_word_batches(corpus):  # one user at a time
+        plain.add_many(batch)
+        if mech is not None:
+            mech.add_many(batch)
+    true_counts = plain.finish()
+    if not true_counts:
+        raise EmptyCorpusError(f"{corpus.name}: the source has no words")
+
+    report: dict[str, Any] = {
+        "source": corpus.name,
+        "kind": kind,
+        "size": size,
+        "model_type": model_type if kind == "sentencepiece" else None,
+        "seed": seed,
+        "examples": plain.units,
+        "word_occurrences": plain.words,
+        "distinct_words": len(true_counts),
+    }
+    hist = None
+    if params is not None:
+        hist = release(mech.finish(), params, seed, mech.units)
+        if hist.words_kept == 0:
+            raise EmptyCorpusError(
+                f"the DP histogram kept no word: all {hist.words_before:,} words fell below the threshold "
+                f"C = {hist.threshold:.6g} (noise {params.noise_name} = {params.noise:.6g}, {hist.units:,} {params.unit}s); "
+                "use less noise (larger epsilon or delta), a smaller tuple size, or a bigger source"
+            )
+
+    target = out.resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+    try:
+        counts = hist.counts if hist is not None else dict(true_counts)
+        vocab, files = _learn(kind, counts, size, staging, model_type, min_pair_count)
+        ev = _figures(kind, vocab, true_counts)
+        report["vocabulary"] = {**ev["figures"], "files": files}
+        if hist is not None:
+            from fedpriv.vocab.spm import write_counts_tsv
+
+            write_counts_tsv(hist.counts, staging / "histogram.tsv")
+            files = [*files, "histogram.tsv"]
+            report["vocabulary"]["files"] = files
+            d = hist.to_dict()
+            report["dp"] = d
+            for k in ("epsilon", "delta", "threshold", "words_before", "words_kept", "words_dropped"):
+                report[k] = d[k]
+            report[params.noise_name] = params.noise
+            with tempfile.TemporaryDirectory(prefix="fedpriv-nonprivate-") as private:  # never kept
+                base, _ = _learn(kind, dict(true_counts), size, Path(private), model_type, min_pair_count)
+                bev = _figures(kind, base, true_counts)
+            overlap = len(ev["tokens"] & bev["tokens"]) / max(1, len(bev["tokens"]))
+            report["non_private"] = {"words": len(true_counts), **bev["figures"], "token_overlap_with_dp": overlap}
+            report["guarantee"] = hist.guarantee
+        else:
+            report["dp"] = None
+            report["guarantee"] = "none: the vocabulary is learned from the raw histogram (not differentially private)"
+        report["note"] = NOT_PRIVATE_NOTE
+        report["out_dir"] = str(out)
+        report["files"] = [*files, "report.json"]
+        (staging / "report.json").write_text(json.dumps(_jsonable(report), indent=2) + "\n", encoding="utf-8")
+        out.mkdir(parents=True, exist_ok=True)
+        for name in report["files"]:  # report.json last
+            os.replace(staging / name, out / name)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return _jsonable(report)
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and not isinstance(obj, (str, bytes)):
+        return obj.item()
+    return obj
