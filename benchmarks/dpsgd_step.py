@@ -42,10 +42,25 @@ def nwp_setup(batch: int):
     return task, task.encode([type("E", (), {"text": t})() for t in texts[:batch]]), "NWP LSTM (Stack Overflow shape: 96/670/96, 10,004 ids), length 20"
 
 
-def bert_setup(batch: int):
-    from fedpriv.tasks.mlm import MLMTask  # noqa: F401  (present once the BERT task lands)
+def bert_setup(batch: int, max_len: int = 128):
+    from collections import Counter
 
-    raise SystemExit("bert benchmark: wire MLMTask here")
+    from fedpriv.data.conll import iter_sentences
+    from fedpriv.data.examples import TextExample
+    from fedpriv.tasks.mlm import MLMTask
+    from fedpriv.vocab.wordpiece import learn_wordpiece
+
+    root = Path(__file__).resolve().parent.parent
+    sents = [s for _, s in iter_sentences(root / "tests/data/ncbi-disease/train.tsv")]
+    tok = learn_wordpiece(Counter(w.lower() for s in sents for w in s.tokens), 8000)
+    task = MLMTask(tok, max_len=max_len, model="small", lowercase=True)
+    texts, buf = [], []
+    for s in sents:  # pack sentences into examples of about max_len pieces
+        buf.extend(s.tokens)
+        if len(buf) > max_len * 0.6:
+            texts.append(TextExample(" ".join(buf)))
+            buf = []
+    return task, task.encode(texts[:batch]), f"BERT-small (4 layers, hidden 256, 4 heads) MLM, WordPiece 8,000, length {max_len}"
 
 
 def make_steps(task, params, batch):
@@ -102,13 +117,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", choices=["nwp", "bert", "all"], default="nwp")
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--bert-batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results = []
     setups = {"nwp": nwp_setup, "bert": bert_setup}
     for m in (["nwp", "bert"] if args.model == "all" else [args.model]):
-        task, batch, name = setups[m](args.batch)
+        task, batch, name = setups[m](args.batch if m == "nwp" else args.bert_batch)
         results.append(bench(name, task, batch, args.repeats))
     meta = {"machine": platform.processor() or platform.machine(), "jax": jax.__version__, "backend": jax.default_backend(), "devices": jax.device_count()}
     if args.json:

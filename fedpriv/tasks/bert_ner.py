@@ -35,7 +35,7 @@ from fedpriv.models.bert import BertConfig, BertTokenClassifier, transfer_encode
 from fedpriv.models.capture import apply_model
 from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.tasks.mlm import DROPOUT_STREAM, PieceVocab, example_keys, resolve_config, row_seed
-from fedpriv.tasks.ner_metrics import chunk_tables, entity_counts_ids, prf
+from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums
 
 IGNORE = -1
 
@@ -179,30 +179,8 @@ class BertNERTask(Task):
         nll, valid = self._piece_nll(logits, batch["labels"])
         pred = self._word_pred(logits, batch)
         wvalid = (jnp.arange(pred.shape[1])[None, :] < batch["n_words"][:, None]).astype(jnp.float32)
-        correct = jnp.sum((pred == batch["word_tags"]) * wvalid, axis=1)
-        tp, n_pred, n_gold = entity_counts_ids(batch["word_tags"], pred, batch["n_words"], self.tables)
-        return {
-            "examples": jnp.sum(mask),
-            "tokens": jnp.sum(jnp.sum(valid, axis=1) * mask),
-            "loss_sum": jnp.sum(jnp.sum(nll, axis=1) * mask),
-            "correct": jnp.sum(correct * mask),
-            "tp": jnp.sum(tp * mask),
-            "n_pred": jnp.sum(n_pred * mask),
-            "n_gold": jnp.sum(n_gold * mask),
-        }
+        loss_sum = jnp.sum(jnp.sum(nll, axis=1) * mask)
+        return tagging_sums(batch["word_tags"], pred, batch["n_words"], self.tables, wvalid, mask, loss_sum)
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
-        tokens = max(sums["tokens"], 1.0)
-        p, r, f = prf(sums["tp"], sums["n_pred"], sums["n_gold"])
-        return {
-            "loss": sums["loss_sum"] / tokens,
-            "accuracy": sums["correct"] / tokens,
-            "precision": p,
-            "recall": r,
-            "f1": f,
-            "examples": int(sums["examples"]),
-            "tokens": int(sums["tokens"]),
-            "entities_gold": int(sums["n_gold"]),
-            "entities_pred": int(sums["n_pred"]),
-            "entities_correct": int(sums["tp"]),
-        }
+        return summarize_tagging(sums)

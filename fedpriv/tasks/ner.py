@@ -49,7 +49,7 @@ from fedpriv.models.crf import allowed_transitions, constrain, crf_log_likelihoo
 from fedpriv.models.capture import apply_model
 from fedpriv.models.ner import BiLSTMTagger, case_class
 from fedpriv.tasks.base import Batch, Params, Task
-from fedpriv.tasks.ner_metrics import chunk_tables, entity_counts_ids, prf
+from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums
 
 FORMAT = "fedpriv-ner-task"
 _DIGIT = re.compile(r"\d")
@@ -247,33 +247,10 @@ class NERTask(Task):
         else:
             loss_sum = jnp.sum(jnp.sum(nll_tok, axis=1) * mask)
         pred = self._decode(params, em, length)
-        correct = jnp.sum((pred == batch["tags"]) * valid, axis=1)
-        tp, n_pred, n_gold = entity_counts_ids(batch["tags"], pred, length, self.tables)
-        return {
-            "examples": jnp.sum(mask),
-            "tokens": jnp.sum(jnp.sum(valid, axis=1) * mask),
-            "loss_sum": loss_sum,
-            "correct": jnp.sum(correct * mask),
-            "tp": jnp.sum(tp * mask),
-            "n_pred": jnp.sum(n_pred * mask),
-            "n_gold": jnp.sum(n_gold * mask),
-        }
+        return tagging_sums(batch["tags"], pred, length, self.tables, valid, mask, loss_sum)
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
-        tokens = max(sums["tokens"], 1.0)
-        p, r, f = prf(sums["tp"], sums["n_pred"], sums["n_gold"])
-        return {
-            "loss": sums["loss_sum"] / tokens,
-            "accuracy": sums["correct"] / tokens,
-            "precision": p,
-            "recall": r,
-            "f1": f,
-            "examples": int(sums["examples"]),
-            "tokens": int(sums["tokens"]),
-            "entities_gold": int(sums["n_gold"]),
-            "entities_pred": int(sums["n_pred"]),
-            "entities_correct": int(sums["tp"]),
-        }
+        return summarize_tagging(sums)
 
     # ---- persistence ------------------------------------------------------------------------
     def to_json(self) -> dict:

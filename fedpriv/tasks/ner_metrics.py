@@ -148,3 +148,38 @@ def entity_counts_ids(gold: jax.Array, pred: jax.Array, length: jax.Array, table
     ps, pl, pt = _chunks(pred, tables)
     tp = jnp.sum(gs & ps & (gl == pl) & (gt == pt), axis=-1)
     return tp.astype(jnp.float32), jnp.sum(ps, axis=-1).astype(jnp.float32), jnp.sum(gs, axis=-1).astype(jnp.float32)
+
+
+def tagging_sums(gold, pred, length, tables, token_valid, mask, loss_sum) -> dict:
+    """The metric sums both taggers report (jittable): examples, scored tokens, loss sum, correct
+    tags and entity counts. ``token_valid`` (B, L) marks the scored positions, ``mask`` (B,) the
+    real rows; ``loss_sum`` is already summed over the real rows."""
+    correct = jnp.sum((pred == gold) * token_valid, axis=1)
+    tp, n_pred, n_gold = entity_counts_ids(gold, pred, length, tables)
+    return {
+        "examples": jnp.sum(mask),
+        "tokens": jnp.sum(jnp.sum(token_valid, axis=1) * mask),
+        "loss_sum": loss_sum,
+        "correct": jnp.sum(correct * mask),
+        "tp": jnp.sum(tp * mask),
+        "n_pred": jnp.sum(n_pred * mask),
+        "n_gold": jnp.sum(n_gold * mask),
+    }
+
+
+def summarize_tagging(sums) -> dict[str, float]:
+    """Loss per scored token, tag accuracy, entity-level precision, recall and F1, and the counts."""
+    tokens = max(sums["tokens"], 1.0)
+    p, r, f = prf(sums["tp"], sums["n_pred"], sums["n_gold"])
+    return {
+        "loss": sums["loss_sum"] / tokens,
+        "accuracy": sums["correct"] / tokens,
+        "precision": p,
+        "recall": r,
+        "f1": f,
+        "examples": int(sums["examples"]),
+        "tokens": int(sums["tokens"]),
+        "entities_gold": int(sums["n_gold"]),
+        "entities_pred": int(sums["n_pred"]),
+        "entities_correct": int(sums["tp"]),
+    }
