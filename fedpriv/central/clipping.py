@@ -91,13 +91,19 @@ def _seq(a: jax.Array) -> jax.Array:
     return a.reshape(a.shape[0], -1, a.shape[-1])
 
 
-def _weight_sq_norms(a: jax.Array, g: jax.Array) -> jax.Array:
-    """Per-example ||sum_t a_t^T g_t||_F^2 for a (B,T,p), g (B,T,q): ghost or materialized, whichever is cheaper."""
+def _gram(x: jax.Array) -> jax.Array:
+    """(B,T,d) -> (B,T,T): per-example inner products between positions."""
+    return jnp.einsum("btd,bsd->bts", x, x)
+
+
+def _weight_sq_norms(a: jax.Array, g: jax.Array, g_gram: jax.Array | None = None) -> jax.Array:
+    """Per-example ||sum_t a_t^T g_t||_F^2 for a (B,T,p), g (B,T,q): ghost or materialized, whichever
+    is cheaper. ``g_gram`` (the Gram of g) may be passed when several weights share g."""
     t, p, q = a.shape[1], a.shape[2], g.shape[2]
     if t == 1:
         return jnp.sum(a[:, 0] ** 2, axis=1) * jnp.sum(g[:, 0] ** 2, axis=1)
-    if t * (p + q) <= p * q:
-        return jnp.sum(jnp.einsum("btp,bsp->bts", a, a) * jnp.einsum("btq,bsq->bts", g, g), axis=(1, 2))
+    if g_gram is not None or t * (p + q) <= p * q:
+        return jnp.sum(_gram(a) * (_gram(g) if g_gram is None else g_gram), axis=(1, 2))
     return jnp.sum(jnp.einsum("btp,btq->bpq", a, g) ** 2, axis=(1, 2))
 
 
@@ -144,10 +150,11 @@ class _Layer:
             return out + _bias_parts(g, jnp.zeros(g.shape[0]))[0] if "bias" in self.names else out
         if self.kind == "embed":
             same = (self.ids[:, :, None] == self.ids[:, None, :]).astype(g.dtype)
-            return jnp.sum(same * jnp.einsum("btq,bsq->bts", g, g), axis=(1, 2))
+            return jnp.sum(same * _gram(g), axis=(1, 2))
         if self.kind == "layernorm":
             return jnp.sum(jnp.sum(self.a * g, axis=1) ** 2, axis=1) + jnp.sum(jnp.sum(g, axis=1) ** 2, axis=1)
-        return _weight_sq_norms(self.a, g) + _weight_sq_norms(self.prev, g) + _bias_parts(g, jnp.zeros(g.shape[0]))[0]
+        g_gram = _gram(g) if g.shape[1] > 1 else None  # shared by wi and wh
+        return _weight_sq_norms(self.a, g, g_gram) + _weight_sq_norms(self.prev, g, g_gram) + _bias_parts(g, jnp.zeros(g.shape[0]))[0]
 
     def clipped(self, c: jax.Array) -> dict[str, jax.Array]:
         g = self.g
