@@ -1,11 +1,13 @@
 """DP-SGD step time against the non-private step, for the vmap reference and for fast clipping.
 
-    .venv/bin/python benchmarks/dpsgd_step.py [--model nwp|bert|all] [--batch 64] [--repeats 20] [--json]
+    .venv/bin/python benchmarks/dpsgd_step.py [--model nwp|ner|ner-crf|bert|all] [--batch 64] [--repeats 20] [--json]
 
 One step = gradient (non-private: of the mean loss; DP: per-example clipped sum + Gaussian noise
 / B) + an Adam update, each jitted as one function. The three variants are timed round-robin in
 one run (the machine is shared: ratios measured side by side are what this reports; absolute
-times drift). Prints examples per second and the ratio DP / non-private for each clipping.
+times drift). Prints examples per second (the training throughput of each model, private and
+not) and the ratio DP / non-private for each clipping. The CRF tagger has no fast path (its
+transition parameters sit outside the recorded layers) and reports the reference only.
 """
 
 from __future__ import annotations
@@ -63,6 +65,16 @@ def bert_setup(batch: int, max_len: int = 128):
     return task, task.encode(texts[:batch]), f"BERT-small (4 layers, hidden 256, 4 heads) MLM, WordPiece 8,000, length {max_len}"
 
 
+def ner_setup(batch: int, head: str = "softmax"):
+    from fedpriv.data.conll import iter_sentences
+    from fedpriv.tasks.ner import NERTask
+
+    root = Path(__file__).resolve().parent.parent
+    sents = [s for _, s in iter_sentences(root / "tests/data/wnut17/wnut17train.conll")]
+    task = NERTask.from_examples(sents, head=head, dropout=0.0, max_len=48)
+    return task, task.encode(sents[:batch]), f"BiLSTM tagger ({head} head; embedding 100 + case 16, BiLSTM 2x100), WNUT-17, length 48"
+
+
 def make_steps(task, params, batch):
     tx = optax.adam(1e-3)
     C, sigma, B = 1.0, 1.0, float(len(batch["mask"]))
@@ -115,15 +127,15 @@ def bench(name: str, task, batch, repeats: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", choices=["nwp", "bert", "all"], default="nwp")
+    ap.add_argument("--model", choices=["nwp", "ner", "ner-crf", "bert", "all"], default="nwp")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--bert-batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results = []
-    setups = {"nwp": nwp_setup, "bert": bert_setup}
-    for m in (["nwp", "bert"] if args.model == "all" else [args.model]):
+    setups = {"nwp": nwp_setup, "ner": ner_setup, "ner-crf": lambda b: ner_setup(b, "crf"), "bert": bert_setup}
+    for m in (list(setups) if args.model == "all" else [args.model]):
         task, batch, name = setups[m](args.batch if m == "nwp" else args.bert_batch)
         results.append(bench(name, task, batch, args.repeats))
     meta = {"machine": platform.processor() or platform.machine(), "jax": jax.__version__, "backend": jax.default_backend(), "devices": jax.device_count()}
