@@ -45,3 +45,12 @@ def test_toml_errors_name_the_file(tmp_path):
         load_config(p)
     with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "missing.toml")
+
+
+def test_every_shipped_experiment_is_valid():
+    from pathlib import Path
+
+    files = sorted(Path("experiments").glob("*.toml"))
+    assert len(files) >= 3
+    for f in files:
+        load_config(f)
