@@ -310,3 +310,21 @@ def test_fast_equals_reference_on_the_ner_tagger_and_crf_falls_back(wnut_train):
         fast, _, _ = jax.jit(lambda p, b: fast_clipped_sum(task, p, b, jax.random.key(0), 0.2))(params, batch)
         for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(fast)):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
+
+
+def test_fast_equals_reference_on_the_char_cnn_tagger(wnut_train):
+    """Character features: a small table read at L x W positions takes the materialized embedding rule."""
+    from fedpriv.data.conll import iter_sentences
+    from fedpriv.tasks.ner import NERTask
+
+    sents = [s for _, s in iter_sentences(wnut_train)][:8]
+    task = NERTask.from_examples(sents, dropout=0.0, embed_dim=8, hidden=6, case_dim=4, max_len=40, char_dim=5, char_filters=7, char_width=12)
+    params = task.init_params(jax.random.key(0))
+    assert params["char_embed"]["embedding"].shape[0] < 40 * 12
+    batch = {k: jnp.asarray(v) for k, v in task.encode(sents).items()}
+    assert supports_fast(task, params, batch, jax.random.key(0)) == (True, "")
+    ref, n_ref, _ = jax.jit(lambda p, b: reference_clipped_sum(task, p, b, jax.random.key(0), 0.2))(params, batch)
+    fast, n_fast, _ = jax.jit(lambda p, b: fast_clipped_sum(task, p, b, jax.random.key(0), 0.2))(params, batch)
+    np.testing.assert_allclose(np.asarray(n_fast), np.asarray(n_ref), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(fast)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)

@@ -297,3 +297,20 @@ def test_word_dropout_replaces_real_tokens_by_unk(setup, wnut):
     np.testing.assert_allclose(noisy, setup.emissions(setup.params, all_unk), rtol=1e-6, atol=1e-6)
     with pytest.raises(FedprivError):
         small_task(wnut[:10], "softmax", word_dropout=1.0)
+
+
+def test_character_features_are_per_example_and_ignore_padding(wnut_train):
+    from fedpriv.models.ner import char_ids
+
+    sents = [s for _, s in iter_sentences(wnut_train)][:6]
+    task = NERTask.from_examples(sents, dropout=0.0, embed_dim=8, hidden=6, max_len=48, char_dim=5, char_filters=7, char_width=10)
+    batch = task.encode(sents)
+    assert batch["chars"].shape == (6, 48, 10)
+    tok = sents[0].tokens[0]
+    assert batch["chars"][0, 0, : min(10, len(tok))].tolist() == char_ids(tok, 10) and char_ids("a", 3) == [1 + ord("a") % 255]
+    params = task.init_params(jax.random.key(0))
+    losses = task.losses(params, batch, jax.random.key(1), False)
+    for i in (0, 3):
+        alone = task.losses(params, task.encode([sents[i]]), jax.random.key(1), False)
+        assert float(alone[0]) == pytest.approx(float(losses[i]), rel=1e-5)
+    assert "char_embed" in params and "char_conv" in params

@@ -149,6 +149,10 @@ class _Layer:
             out = _weight_sq_norms(self.a, g)
             return out + _bias_parts(g, jnp.zeros(g.shape[0]))[0] if "bias" in self.names else out
         if self.kind == "embed":
+            vocab, t = self.table.shape[0], self.ids.shape[1]
+            if vocab < t:  # a small table read at many positions (characters): materialize per example
+                per_example = jnp.einsum("btv,btq->bvq", jax.nn.one_hot(self.ids, vocab, dtype=g.dtype), g)
+                return jnp.sum(per_example**2, axis=(1, 2))
             same = (self.ids[:, :, None] == self.ids[:, None, :]).astype(g.dtype)
             return jnp.sum(same * _gram(g), axis=(1, 2))
         if self.kind == "layernorm":

@@ -65,14 +65,18 @@ class BiLSTMTagger(nn.Module):
     case_dim: int = 16  # 0: no casing feature
     dropout: float = 0.5
     head: str = "softmax"  # "softmax" or "crf"
+    char_dim: int = 0  # 0: no character features
+    char_filters: int = 50
 
     @nn.compact
-    def __call__(self, tokens: jax.Array, case: jax.Array, length: jax.Array, train: bool = False) -> jax.Array:
+    def __call__(self, tokens: jax.Array, case: jax.Array, length: jax.Array, train: bool = False, chars: jax.Array | None = None) -> jax.Array:
         if self.head not in ("softmax", "crf"):
             raise ValueError(f"head must be 'softmax' or 'crf', got {self.head!r}")
         x = Embed(self.vocab_size, self.embed_dim, name="embed")(tokens)
         if self.case_dim > 0:
             x = jnp.concatenate([x, Embed(NUM_CASES, self.case_dim, name="case_embed")(case)], axis=-1)
+        if self.char_dim > 0:
+            x = jnp.concatenate([x, self._char_features(chars)], axis=-1)
         x = nn.Dropout(self.dropout, deterministic=not train)(x)
         length = length.astype(jnp.int32)
         h = jnp.concatenate(
@@ -86,3 +90,23 @@ class BiLSTMTagger(nn.Module):
             self.param("start", nn.initializers.zeros, (T,))
             self.param("end", nn.initializers.zeros, (T,))
         return emissions
+
+    def _char_features(self, chars: jax.Array) -> jax.Array:
+        """(B, L, W) character ids (0 = pad) -> (B, L, char_filters): a width-3 convolution over each
+        token's characters (a Dense over concatenated neighbour embeddings), tanh, max over the
+        token's characters (Ma and Hovy 2016); 0 for padding tokens."""
+        c = Embed(CHAR_BUCKETS, self.char_dim, name="char_embed")(chars)
+        p = jnp.pad(c, ((0, 0), (0, 0), (1, 1), (0, 0)))
+        windows = jnp.concatenate([p[:, :, :-2], p[:, :, 1:-1], p[:, :, 2:]], axis=-1)
+        h = jnp.tanh(Dense(self.char_filters, name="char_conv")(windows))
+        real = (chars > 0)[..., None]
+        h = jnp.max(jnp.where(real, h, -1.0), axis=2)
+        return h * jnp.any(real, axis=2)
+
+
+CHAR_BUCKETS = 256
+
+
+def char_ids(token: str, width: int) -> list[int]:
+    """A token's first ``width`` characters as ids 1..255 (code point mod 255, plus 1; 0 is padding)."""
+    return [1 + ord(ch) % 255 for ch in token[:width]]

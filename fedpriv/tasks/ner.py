@@ -47,7 +47,7 @@ from fedpriv.data.examples import Example, TaggedExample
 from fedpriv.errors import DataFormatError, FedprivError
 from fedpriv.models.crf import allowed_transitions, constrain, crf_log_likelihood, viterbi_decode
 from fedpriv.models.capture import apply_model
-from fedpriv.models.ner import BiLSTMTagger, case_class
+from fedpriv.models.ner import BiLSTMTagger, case_class, char_ids
 from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums
 
@@ -105,6 +105,9 @@ class NERTask(Task):
         max_len: int = 128,
         constrained: bool = True,
         word_dropout: float = 0.0,
+        char_dim: int = 0,
+        char_filters: int = 50,
+        char_width: int = 16,
     ):
         tags = list(tags)
         if not tags or tags[0] != "O" or len(set(tags)) != len(tags):
@@ -128,9 +131,13 @@ class NERTask(Task):
             "max_len": int(max_len),
             "constrained": bool(constrained),
             "word_dropout": float(word_dropout),
+            "char_dim": int(char_dim),
+            "char_filters": int(char_filters),
+            "char_width": int(char_width),
         }
+        self.char_dim, self.char_width = int(char_dim), int(char_width)
         self.head, self.max_len, self.dropout, self.word_dropout = head, int(max_len), float(dropout), float(word_dropout)
-        self.model = BiLSTMTagger(len(vocab), len(self.tags), int(embed_dim), int(hidden), int(case_dim), float(dropout), head)
+        self.model = BiLSTMTagger(len(vocab), len(self.tags), int(embed_dim), int(hidden), int(case_dim), float(dropout), head, int(char_dim), int(char_filters))
         self.tables = chunk_tables(self.tags)
         self._allowed = allowed_transitions(self.tags) if constrained else None
 
@@ -159,7 +166,8 @@ class NERTask(Task):
     # ---- model ------------------------------------------------------------------------------
     def init_params(self, rng: jax.Array) -> Params:
         z = jnp.zeros((1, self.max_len), jnp.int32)
-        return self.model.init(rng, z, z, jnp.ones((1,), jnp.int32))["params"]
+        chars = jnp.zeros((1, self.max_len, self.char_width), jnp.int32) if self.char_dim else None
+        return self.model.init(rng, z, z, jnp.ones((1,), jnp.int32), chars=chars)["params"]
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len
@@ -167,6 +175,7 @@ class NERTask(Task):
         case = np.zeros((n, L), np.int32)
         tags = np.zeros((n, L), np.int32)
         length = np.zeros(n, np.int32)
+        chars = np.zeros((n, L, self.char_width), np.int32)
         for b, ex in enumerate(examples):
             if not isinstance(ex, TaggedExample):
                 raise FedprivError("the NER task encodes tagged examples only")
@@ -174,6 +183,10 @@ class NERTask(Task):
             length[b] = len(toks)
             tokens[b, : len(toks)] = [self.vocab.id(t) for t in toks]
             case[b, : len(toks)] = [case_class(t) for t in toks]
+            if self.char_dim:
+                for i, t in enumerate(toks):
+                    ids = char_ids(t, self.char_width)
+                    chars[b, i, : len(ids)] = ids
             try:
                 tags[b, : len(tgs)] = [self._tag_index[t] for t in tgs]
             except KeyError as e:
@@ -181,7 +194,10 @@ class NERTask(Task):
                     f"tag {e.args[0]!r} is not in the task's tag set ({', '.join(self.tags)}); "
                     "pass task.options.tags to include it"
                 ) from None
-        return {"tokens": tokens, "case": case, "tags": tags, "length": length, "mask": np.ones(n, np.float32)}
+        out = {"tokens": tokens, "case": case, "tags": tags, "length": length, "mask": np.ones(n, np.float32)}
+        if self.char_dim:
+            out["chars"] = chars
+        return out
 
     def emissions(self, params: Params, batch: Mapping[str, jax.Array], rng: jax.Array | None = None, train: bool = False) -> jax.Array:
         """(B, L, T) emission scores. With ``train``, word dropout and dropout draw from ``rng``."""
@@ -192,7 +208,7 @@ class NERTask(Task):
             tokens = jnp.where(drop, TokenVocab.UNK, tokens)
         train = bool(train) and self.dropout > 0
         rngs = {"dropout": rng} if train else {}
-        return apply_model(self.model, params, tokens, batch["case"], batch["length"], train=train, rngs=rngs)
+        return apply_model(self.model, params, tokens, batch["case"], batch["length"], train=train, rngs=rngs, chars=batch.get("chars"))
 
     def _crf(self, params: Params, constrained: bool):
         trans, start, end = params["transitions"], params["start"], params["end"]
