@@ -22,7 +22,9 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -n 2 -q -m "not slow"
 
 bench: $(STAMP)
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/synthetic_corpus.py --preset stackoverflow --users-to-sample 5000
+	$(PY) benchmarks/dp_vocab.py
+	$(PY) benchmarks/dpsgd_step.py --model all
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
