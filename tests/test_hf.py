@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import islice
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from fedpriv.data.conll import iter_sentences
 from fedpriv.data.hf import HFNaturalIdStore, load_hf_dataset  # sets the offline env vars first
 from fedpriv.data.tabular import load_table
 from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
@@ -22,21 +24,7 @@ NCBI = Path(__file__).parent / "data" / "ncbi-disease" / "train.tsv"
 
 def ncbi_sentences(n: int) -> list[tuple[list[str], list[str]]]:
     """The first ``n`` sentences of the NCBI-disease IOB file: (tokens, tags)."""
-    out, toks, tags = [], [], []
-    with open(NCBI, encoding="utf-8") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                if toks:
-                    out.append((toks, tags))
-                    toks, tags = [], []
-                    if len(out) == n:
-                        break
-                continue
-            tok, tag = line.split("\t")
-            toks.append(tok)
-            tags.append(tag)
-    return out
+    return [(list(s.tokens), list(s.tags)) for _, s in islice(iter_sentences(NCBI), n)]
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import islice
 import csv
 import io
 import json
@@ -15,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from fedpriv.data.conll import iter_sentences
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.examples import TaggedExample, TextExample
 from fedpriv.data.stores import MemoryStore, SqliteStore
@@ -27,21 +29,7 @@ USERS = ["10", "2", "alice", "2", "10", "10", "bob", "2", "alice", "1"]
 
 def ncbi_sentences(path: Path, n: int) -> list[tuple[list[str], list[str]]]:
     """The first ``n`` sentences of the NCBI-disease IOB file: (tokens, tags)."""
-    out, toks, tags = [], [], []
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            line = line.rstrip("\n")
-            if not line:
-                if toks:
-                    out.append((toks, tags))
-                    toks, tags = [], []
-                    if len(out) == n:
-                        break
-                continue
-            tok, tag = line.split("\t")
-            toks.append(tok)
-            tags.append(tag)
-    return out
+    return [(list(s.tokens), list(s.tags)) for _, s in islice(iter_sentences(path), n)]
 
 
 @pytest.fixture(scope="module")

@@ -8,12 +8,12 @@ every accountant the recorded events allow, each answer stating its assumptions.
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
 from fedpriv.errors import DataFormatError
+from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.privacy.accounting import (
     AccountantName,
     GaussianSteps,
@@ -73,20 +73,14 @@ class PrivacyLedger:
         path = Path(path)
         if path.is_dir():
             path = path / LEDGER_FILE
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text(json.dumps(self.to_json(), indent=1))
-        os.replace(tmp, path)
-        return path
+        return write_json_atomic(path, self.to_json(), indent=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "PrivacyLedger":
         path = Path(path)
         if path.is_dir():
             path = path / LEDGER_FILE
-        try:
-            obj = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DataFormatError(path, None, f"not a readable privacy ledger ({e})") from None
+        obj = read_json(path, "privacy ledger")
         if not isinstance(obj, dict) or obj.get("format") != _FORMAT or not isinstance(obj.get("entries"), list):
             raise DataFormatError(path, None, "not a fedpriv privacy ledger")
         names = {f.name for f in fields(GaussianSteps)}

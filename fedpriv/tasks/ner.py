@@ -31,12 +31,10 @@ recall, F1, token accuracy and loss per token.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +43,7 @@ import optax
 
 from fedpriv.data.examples import Example, TaggedExample
 from fedpriv.errors import DataFormatError, FedprivError
+from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.models.crf import allowed_transitions, constrain, crf_log_likelihood, viterbi_decode
 from fedpriv.models.capture import apply_model
 from fedpriv.models.ner import BiLSTMTagger, case_class, char_ids
@@ -281,17 +280,11 @@ class NERTask(Task):
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """Write :meth:`to_json` as JSON (atomically)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text(json.dumps(self.to_json()), encoding="utf-8")
-        os.replace(tmp, path)
+        write_json_atomic(path, self.to_json())
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "NERTask":
-        try:
-            obj = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DataFormatError(path, None, f"not a readable NER task file ({e})") from None
+        obj = read_json(path, "NER task file")
         try:
             return cls.from_json(obj)
         except (FedprivError, KeyError, TypeError) as e:

@@ -10,15 +10,14 @@ model's inputs are ``ids[:-1]`` and its targets ``ids[1:]``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections import Counter
 from collections.abc import Iterable
-from pathlib import Path
 
 import numpy as np
 
 from fedpriv.errors import DataFormatError, FedprivError
+from fedpriv.jsonio import read_json, write_json_atomic
 
 PAD = 0
 
@@ -80,17 +79,11 @@ class WordVocab:
 
     def save(self, path: str | os.PathLike[str]) -> None:
         """JSON: ``{"format": "fedpriv-word-vocab", "words": [...]}`` (written atomically)."""
-        path = Path(path)
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text(json.dumps({"format": "fedpriv-word-vocab", "version": 1, "words": list(self.words)}))
-        os.replace(tmp, path)
+        write_json_atomic(path, {"format": "fedpriv-word-vocab", "version": 1, "words": list(self.words)})
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "WordVocab":
-        try:
-            obj = json.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise DataFormatError(path, None, f"not a readable vocabulary file ({e})") from None
+        obj = read_json(path, "vocabulary file")
         if not isinstance(obj, dict) or obj.get("format") != "fedpriv-word-vocab" or not isinstance(obj.get("words"), list):
             raise DataFormatError(path, None, "not a fedpriv word vocabulary")
         return cls(obj["words"])
