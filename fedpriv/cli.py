@@ -32,7 +32,7 @@ app = typer.Typer(
 )
 data_app = typer.Typer(help="Inspect federated corpora (users -> examples).", no_args_is_help=True)
 config_app = typer.Typer(help="Validate experiment configs.", no_args_is_help=True)
-train_app = typer.Typer(help="Train models (central; federated engines come with their issue).", no_args_is_help=True)
+train_app = typer.Typer(help="Train models: central (SGD, DP-SGD) or federated (FedAvg, DP-FedAvg).", no_args_is_help=True)
 app.add_typer(data_app, name="data")
 app.add_typer(config_app, name="config")
 app.add_typer(privacy_app, name="privacy")
@@ -184,6 +184,25 @@ def train_central_cmd(
         print(json.dumps(summary, indent=2))
     else:
         _print_summary(f"experiment {summary['experiment']}", summary)
+
+
+@train_app.command("federated")
+def train_federated_cmd(
+    config: Path = typer.Argument(..., help="Experiment TOML with a [federated] section."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="vectorized (in-process JAX) or flower (Flower simulation); default: the config's federated.engine."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
+) -> None:
+    """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
+    from fedpriv.engines.run import federated_summary, run_federated
+
+    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
+    summary = federated_summary(run_federated(config, out, engine, stop_after, say))
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(f"experiment {summary['experiment']} ({summary['engine']})", summary)
 
 
 @app.command("demo")

@@ -53,8 +53,10 @@ class VocabConfig(_Strict):
 
 
 class TaskConfig(_Strict):
-    kind: Literal["nwp", "ner"] = Field("nwp", description="nwp (next-word prediction) or ner (tagging)")
-    model: str = Field("small", min_length=1, description="model preset (nwp: tiny, small, stackoverflow)")
+    kind: Literal["nwp", "ner", "mlm", "bert-ner"] = Field(
+        "nwp", description="nwp (next-word prediction), ner (BiLSTM tagging), mlm (BERT masked-LM pretraining) or bert-ner (BERT NER fine-tuning)"
+    )
+    model: str = Field("small", min_length=1, description="model preset (nwp: tiny, small, stackoverflow; mlm, bert-ner: tiny, small)")
     options: dict[str, Any] = Field(default_factory=dict, description="task hyperparameters, e.g. head = 'crf' for ner")
 
 
@@ -89,6 +91,45 @@ class PrivacyConfig(_Strict):
     accountant: Literal["rdp", "pld"] = "rdp"
 
 
+class FederatedConfig(_Strict):
+    """Federated training (a ``[federated]`` section; ``fedpriv train federated`` needs it).
+
+    Each round the server samples a cohort of users, each sampled user runs ``local_epochs`` of
+    minibatch SGD from the global model and returns its model delta, the strategy aggregates the
+    deltas and the server optimizer applies the aggregate as a pseudo-gradient.
+    """
+
+    rounds: int = Field(..., ge=1, description="R: training rounds")
+    clients_per_round: int = Field(..., ge=1, description="m: users per round (expected m under Poisson)")
+    sampling: Literal["fixed", "poisson"] = Field("fixed", description="fixed: exactly m of N without replacement; poisson: each user with q = m/N")
+    strategy: Literal["fedavg", "fedavg-clip", "dp-fedavg"] = "fedavg"
+    local_epochs: int = Field(1, ge=1, description="E: passes over the user's examples per round")
+    local_batch_size: int = Field(16, ge=1, description="B: examples per local step")
+    client_learning_rate: float = Field(0.1, gt=0.0, description="eta: local SGD learning rate")
+    max_local_steps: int | None = Field(None, ge=1, description="cap on local steps per round (None: E * ceil(n/B))")
+    server_optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
+    server_learning_rate: float = Field(1.0, gt=0.0)
+    server_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="for server_optimizer = momentum")
+    clip_norm: float | None = Field(None, gt=0.0, description="S: L2 clip of each user's delta (fedavg-clip, dp-fedavg)")
+    noise_multiplier: float | None = Field(None, ge=0.0, description="z: noise std z*S on the clipped sum (dp-fedavg; or give target_epsilon)")
+    target_epsilon: float | None = Field(None, gt=0.0, description="calibrate z to reach this epsilon after all rounds")
+    delta: float | None = Field(None, gt=0.0, lt=1.0, description="user-level delta (dp-fedavg)")
+    epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a round would exceed this epsilon")
+    accountant: Literal["rdp", "pld"] = "rdp"
+    adaptive_clip: bool = Field(False, description="adapt S to a quantile of the delta norms (Andrew et al. 2021)")
+    target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
+    clip_learning_rate: float = Field(0.2, gt=0.0)
+    clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
+    engine: Literal["vectorized", "flower"] = "vectorized"
+    chunk_size: int = Field(64, ge=1, description="clients computed together by the vectorized engine (bounds memory)")
+    eval_every: int = Field(5, ge=1, description="rounds between evaluations of the global model")
+    checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
+    num_supernodes: int = Field(4, ge=1, description="Flower simulation: virtual SuperNodes that run the client updates")
+    client_num_cpus: float = Field(1.0, gt=0.0, description="Flower simulation: CPUs per ClientApp actor")
+    client_num_gpus: float = Field(0.0, ge=0.0, description="Flower simulation: GPUs per ClientApp actor")
+    round_timeout_s: float = Field(600.0, gt=0.0, description="Flower: seconds to wait for a round's replies; missing ones count as failed")
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., min_length=1)
     seed: int = 0
@@ -97,6 +138,7 @@ class ExperimentConfig(_Strict):
     task: TaskConfig = Field(default_factory=TaskConfig)
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     privacy: PrivacyConfig | None = None
+    federated: FederatedConfig | None = None
 
 
 def _path_of(loc: tuple) -> str:

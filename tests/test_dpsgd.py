@@ -11,7 +11,8 @@ import optax
 import pytest
 
 from fedpriv.central.clipping import fast_clipped_sum, per_example_grads, reference_clipped_sum, supports_fast
-from fedpriv.central.dpsgd import DPSGDStepper, max_steps_within
+from fedpriv.central.dpsgd import DPSGDStepper
+from fedpriv.privacy.accounting import max_steps_within
 from fedpriv.central.trainer import gather, train_central
 from fedpriv.config import PrivacyConfig, TrainingConfig
 from fedpriv.data.examples import TextExample

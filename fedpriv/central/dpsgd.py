@@ -34,29 +34,10 @@ from fedpriv.central.clipping import fast_clipped_sum, reference_clipped_sum, su
 from fedpriv.central.trainer import Stepper, gather, step_key_base
 from fedpriv.config import PrivacyConfig, TrainingConfig
 from fedpriv.errors import FedprivError, PrivacyParameterError
-from fedpriv.privacy.accounting import GaussianSteps, calibrate_noise_multiplier, epsilon_for
+from fedpriv.privacy.accounting import GaussianSteps, calibrate_noise_multiplier, max_steps_within
 from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, noise_and_normalize
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.tasks.base import Batch, Params, Task
-
-
-def max_steps_within(event: GaussianSteps, budget: float, delta: float, accountant: str, upper: int) -> int:
-    """The largest number of steps (<= upper) whose epsilon at ``delta`` is <= ``budget``."""
-    def eps(k: int) -> float:
-        return epsilon_for(event.with_steps(k), delta, accountant).epsilon  # type: ignore[arg-type]
-
-    if eps(1) > budget:
-        return 0
-    if eps(upper) <= budget:
-        return upper
-    lo, hi = 1, upper  # eps(lo) <= budget < eps(hi)
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if eps(mid) <= budget:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class DPSGDStepper(Stepper):

@@ -290,6 +290,25 @@ def calibrate_noise_multiplier(
     return hi, epsilon_for(replace(template, noise_multiplier=hi), delta, accountant)
 
 
+def max_steps_within(event: GaussianSteps, budget: float, delta: float, accountant: str, upper: int) -> int:
+    """The largest number of steps (<= upper) whose epsilon at ``delta`` is <= ``budget``."""
+    def eps(k: int) -> float:
+        return epsilon_for(event.with_steps(k), delta, accountant).epsilon  # type: ignore[arg-type]
+
+    if eps(1) > budget:
+        return 0
+    if eps(upper) <= budget:
+        return upper
+    lo, hi = 1, upper  # eps(lo) <= budget < eps(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if eps(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
 def batch_size_sweep(
     template: GaussianSteps,
     batches: list[float],

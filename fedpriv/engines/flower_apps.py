@@ -1,0 +1,152 @@
+"""The Flower engine: a real ServerApp and ClientApp.
+
+* ``flwr run .`` uses the module-level ``server_app`` / ``client_app`` (named in pyproject's
+  ``[tool.flwr.app.components]``); the experiment and run directory come from the run config
+  (``config``, ``run-dir``; override with ``flwr run . --run-config "config='experiments/x.toml'"``).
+* ``fedpriv train federated CONFIG --engine flower`` builds apps bound to CONFIG with
+  :func:`make_server_app` / :func:`make_client_app` and runs them with
+  ``flwr.simulation.run_simulation`` (see :mod:`fedpriv.engines.flower_sim`).
+
+A ClientApp process (a Ray actor in simulation, a SuperNode's app process in deployment) loads
+the experiment, encodes the corpus and compiles the client update once, then reuses them for
+every message (cached by config path). The server samples users; each message names one user.
+The client update is :mod:`fedpriv.clients.update`, the aggregation
+:mod:`fedpriv.strategies.core`: the same code as the vectorized engine.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import jax
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from fedpriv.clients.data import next_power_of_two
+from fedpriv.clients.update import client_key, make_client_update
+from fedpriv.engines.rounds import FederatedSetup, run_rounds
+from fedpriv.errors import ConfigError
+from fedpriv.pipeline import prepare
+from fedpriv.strategies.flower import ARRAYS, CONFIG, METRICS, make_strategy, params_to_record, record_to_params
+
+
+def _echo(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _run_config_value(context: Context, key: str, bound: str | None) -> str | None:
+    if bound is not None:
+        return bound
+    value = context.run_config.get(key)
+    return None if value in (None, "") else str(value)
+
+
+# ---- client ------------------------------------------------------------------------------------
+class _ClientRuntime:
+    """Everything a ClientApp process needs, built once per process and experiment."""
+
+    def __init__(self, config_path: str):
+        prepared = prepare(config_path)
+        self.setup = FederatedSetup(prepared)
+        self.template = self.setup.initial_params()
+        self.update = jax.jit(make_client_update(self.setup.task, self.setup.fcfg.client_learning_rate))
+
+    def train(self, msg: Message) -> Message:
+        s = self.setup
+        cfg = msg.content[CONFIG]
+        user, round_ = int(cfg["user"]), int(cfg["round"])
+        params = record_to_params(msg.content[ARRAYS], self.template)
+        plan = s.plan(user, round_)
+        batches, step_mask = s.data.batches(user, plan, next_power_of_two(len(plan)))
+        delta, loss_sum = self.update(params, batches, step_mask, client_key(s.seed, round_, user))
+        metrics = MetricRecord({"user": user, "num-examples": int(s.data.counts[user]), "loss-sum": float(loss_sum), "local-steps": len(plan)})
+        return Message(RecordDict({ARRAYS: params_to_record(delta), METRICS: metrics}), reply_to=msg)
+
+
+_RUNTIMES: dict[str, _ClientRuntime] = {}
+
+
+def _runtime(config_path: str) -> _ClientRuntime:
+    key = str(Path(config_path).resolve())
+    if key not in _RUNTIMES:
+        _RUNTIMES[key] = _ClientRuntime(config_path)
+    return _RUNTIMES[key]
+
+
+def make_client_app(config_path: str | None = None) -> ClientApp:
+    """A ClientApp that runs the client update; bound to ``config_path`` or reading ``config``
+    from the run config."""
+    app = ClientApp()
+
+    @app.train()
+    def train(msg: Message, context: Context) -> Message:
+        path = _run_config_value(context, "config", config_path)
+        if path is None:
+            raise ConfigError("the ClientApp needs the run config key 'config' (an experiment TOML)")
+        return _runtime(path).train(msg)
+
+    return app
+
+
+# ---- server ------------------------------------------------------------------------------------
+def wait_for_nodes(grid: Grid, wanted: int, timeout_s: float, log: Callable[[str], None]) -> int:
+    """Wait until ``wanted`` SuperNodes are connected (or ``timeout_s`` passes with at least one)."""
+    t0 = time.monotonic()
+    while True:
+        n = len(list(grid.get_node_ids()))
+        if n >= wanted or (n >= 1 and time.monotonic() - t0 > timeout_s):
+            return n
+        if time.monotonic() - t0 > max(timeout_s, 1.0) * 4:
+            raise ConfigError(f"no SuperNode connected within {4 * timeout_s:.0f} s")
+        time.sleep(0.2)
+
+
+def serve(grid: Grid, config_path: str, run_dir: str, stop_after: int | None = None, log: Callable[[str], None] = _echo, node_wait_s: float = 30.0) -> Any:
+    """The ServerApp's body: prepare the experiment, then run the rounds through ``grid``."""
+    prepared = prepare(config_path, log)
+    setup = FederatedSetup(prepared, log)
+    strategy = make_strategy(setup, log)
+    strategy.summary()
+    n = wait_for_nodes(grid, setup.fcfg.num_supernodes, node_wait_s, log)
+    log(f"{n} SuperNode(s) connected")
+
+    def round_fn(r: int, state: dict) -> tuple[dict, dict]:
+        return strategy.run_round(r, state, grid, setup.fcfg.round_timeout_s)
+
+    return run_rounds(setup, run_dir, round_fn, "flower", stop_after, log)
+
+
+def default_run_dir(config_path: str) -> str:
+    from fedpriv.config import load_config
+
+    return os.path.join("runs", f"{load_config(config_path).name}-flower")
+
+
+def make_server_app(config_path: str | None = None, run_dir: str | None = None, stop_after: int | None = None, result_box: list | None = None) -> ServerApp:
+    """A ServerApp running the experiment; bound to arguments or reading ``config`` / ``run-dir``
+    (and ``stop-after``) from the run config. ``result_box`` receives the FederatedResult."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        path = _run_config_value(context, "config", config_path)
+        if path is None:
+            raise ConfigError("the ServerApp needs the run config key 'config' (an experiment TOML)")
+        out = _run_config_value(context, "run-dir", run_dir) or default_run_dir(path)
+        stop = stop_after if stop_after is not None else (int(context.run_config["stop-after"]) if int(context.run_config.get("stop-after", 0) or 0) > 0 else None)
+        result = serve(grid, path, out, stop)
+        if result_box is not None:
+            result_box.append(result)
+
+    return app
+
+
+server_app = make_server_app()
+client_app = make_client_app()
+

@@ -1,0 +1,1 @@
+"""Federated strategies: the shared server math (core) and Flower Strategy subclasses (flower)."""

@@ -1,0 +1,160 @@
+"""FedAvg, FedAvg+Clip and DP-FedAvg as Flower strategies (``flwr.serverapp.strategy.Strategy``).
+
+Nodes are workers, users are clients: ``configure_train`` samples the round's cohort of USERS
+from the whole population with :class:`~fedpriv.strategies.core.CohortSampler` and sends one
+message per sampled user (``config["user"]``, ``config["round"]``) to the connected SuperNodes in
+turn; any node can train any user (in simulation every ClientApp loads the same corpus).
+``aggregate_train`` feeds the replies, in user order and a chunk at a time, into the same
+:class:`~fedpriv.strategies.core.ServerCore` the vectorized engine uses, applies the server
+optimizer and returns the new global model.
+
+Failed replies, and replies missing after ``federated.round_timeout_s`` (a SuperNode that died
+mid-round), are dropped and counted (``failed`` in the train row); the round completes with the remaining users. For DP-FedAvg this keeps the
+guarantee: the denominator stays the public m and a missing user only removes a clipped term.
+A round in which every reply failed raises :class:`~fedpriv.errors.FedprivError`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Strategy
+
+from fedpriv.engines.rounds import FederatedSetup, client_loss_info
+from fedpriv.errors import FedprivError
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+
+
+def params_to_record(params: Any) -> ArrayRecord:
+    """A parameter pytree as an ArrayRecord (leaves in ``tree_flatten`` order)."""
+    return ArrayRecord(numpy_ndarrays=[np.asarray(x) for x in jax.tree_util.tree_leaves(params)])
+
+
+def record_to_params(record: ArrayRecord, template: Any) -> Any:
+    """Inverse of :func:`params_to_record` for a pytree shaped like ``template``."""
+    leaves, treedef = jax.tree_util.tree_flatten(template)
+    arrays = record.to_numpy_ndarrays()
+    if len(arrays) != len(leaves):
+        raise FedprivError(f"received {len(arrays)} arrays, the model has {len(leaves)}")
+    for a, t in zip(arrays, leaves):
+        if a.shape != t.shape:
+            raise FedprivError(f"received an array of shape {a.shape} where the model has {t.shape}")
+    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(a) for a in arrays])
+
+
+class FedprivStrategy(Strategy):
+    """The shared Flower strategy; the subclasses fix which aggregation the config must name."""
+
+    strategy_name = ""
+
+    def __init__(self, setup: FederatedSetup, log: Callable[[str], None] | None = None):
+        if setup.fcfg.strategy != self.strategy_name:
+            raise FedprivError(f"{type(self).__name__} runs strategy {self.strategy_name!r}, the config names {setup.fcfg.strategy!r}")
+        self.setup = setup
+        self.core = setup.core
+        self.log = log or (lambda _m: None)
+        self.state: dict | None = None
+        self.last_info: dict[str, Any] = {}
+        self._sent = 0
+
+    # ---- Strategy API ------------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        nodes = sorted(grid.get_node_ids())
+        if not nodes:
+            raise FedprivError("no SuperNode is connected")
+        cohort = self.core.sampler.sample(server_round)
+        messages = []
+        for i, user in enumerate(cohort):
+            cfg = ConfigRecord({**dict(config), "user": int(user), "round": int(server_round)})
+            content = RecordDict({ARRAYS: arrays, CONFIG: cfg})
+            messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=nodes[i % len(nodes)]))
+        self._sent = len(messages)
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        if self.state is None:
+            raise FedprivError("the strategy has no global state; call bind(state) first")
+        replies = list(replies)
+        good = [m for m in replies if not m.has_error()]
+        sent = max(self._sent, len(replies))
+        failed = sent - len(good)
+        if sent and not good:
+            why = replies[0].error.reason if replies else "no reply before federated.round_timeout_s"
+            raise FedprivError(f"round {server_round}: every one of the {sent} client updates failed ({why}); resume the run once the SuperNodes are back")
+        if failed:
+            self.log(f"round {server_round}: {failed} of {sent} client updates failed or timed out and are left out")
+        good.sort(key=lambda m: int(m.content[METRICS]["user"]))
+        acc = self.core.accumulator(self.state)
+        chunk = self.setup.fcfg.chunk_size
+        template = self.state["params"]
+        loss_sum, steps, examples = 0.0, 0, 0
+        for start in range(0, len(good), chunk):
+            part = good[start : start + chunk]
+            deltas = [record_to_params(m.content[ARRAYS], template) for m in part]
+            stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *deltas)
+            counts = np.array([int(m.content[METRICS]["num-examples"]) for m in part])
+            acc.add(stacked, counts)
+            loss_sum += sum(float(m.content[METRICS]["loss-sum"]) for m in part)
+            steps += sum(int(m.content[METRICS]["local-steps"]) for m in part)
+            examples += int(counts.sum())
+        self.state, info = self.core.finish_round(self.state, server_round, acc)
+        self.last_info = {**client_loss_info(loss_sum, steps, examples), **info, "failed": failed}
+        metrics = {k: float(v) for k, v in self.last_info.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        return params_to_record(self.state["params"]), MetricRecord(metrics)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+        return []  # the global model is evaluated on the server, on held-out users
+
+    def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
+        return None
+
+    def summary(self) -> None:
+        f = self.setup.fcfg
+        self.log(f"{type(self).__name__}: {f.rounds} rounds of {self.core.m} of {self.core.population} users ({f.sampling} sampling)")
+
+    # ---- fedpriv -------------------------------------------------------------------------------
+    def bind(self, state: dict) -> None:
+        """Set the global state (params, server optimizer, clip) the next aggregation starts from."""
+        self.state = state
+
+    def run_round(self, server_round: int, state: dict, grid: Grid, timeout: float) -> tuple[dict, dict[str, Any]]:
+        """One round through the grid: configure, send and receive, aggregate."""
+        self.bind(state)
+        messages = self.configure_train(server_round, params_to_record(state["params"]), ConfigRecord(), grid)
+        replies = grid.send_and_receive(messages, timeout=timeout)
+        self.aggregate_train(server_round, replies)
+        return self.state, self.last_info
+
+
+class FedAvgStrategy(FedprivStrategy):
+    """FedAvg: deltas averaged with weights proportional to example counts."""
+
+    strategy_name = "fedavg"
+
+
+class FedAvgClipStrategy(FedprivStrategy):
+    """FedAvg+Clip: each delta clipped to S, uniform average, no noise (the ablation)."""
+
+    strategy_name = "fedavg-clip"
+
+
+class DPFedAvgStrategy(FedprivStrategy):
+    """DP-FedAvg: clip to S, uniform average over the public m, Gaussian noise zS/m per coordinate."""
+
+    strategy_name = "dp-fedavg"
+
+
+STRATEGIES = {cls.strategy_name: cls for cls in (FedAvgStrategy, FedAvgClipStrategy, DPFedAvgStrategy)}
+
+
+def make_strategy(setup: FederatedSetup, log: Callable[[str], None] | None = None) -> FedprivStrategy:
+    return STRATEGIES[setup.fcfg.strategy](setup, log)
