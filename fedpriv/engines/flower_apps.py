@@ -47,6 +47,36 @@ def _run_config_value(context: Context, key: str, bound: str | None) -> str | No
     return None if value in (None, "") else str(value)
 
 
+def _config_search_dirs() -> list[Path]:
+    """Where a relative experiment path is looked up, in order: ``$FEDPRIV_APP_DIR``, the
+    installed FAB's directory (``flwr run``: the app processes run wherever the SuperLink or
+    SuperNode was started, and Flower puts the FAB's directory on ``sys.path`` when it loads the
+    app), the working directory, and the checkout this package was installed from (editable)."""
+    from flwr.supercore.utils import get_flwr_home
+
+    dirs: list[Path] = []
+    if os.environ.get("FEDPRIV_APP_DIR"):
+        dirs.append(Path(os.environ["FEDPRIV_APP_DIR"]))
+    apps = (get_flwr_home() / "apps").resolve()
+    dirs += [Path(p) for p in sys.path if p and Path(p).resolve().is_relative_to(apps)]
+    dirs.append(Path.cwd())
+    dirs.append(Path(__file__).resolve().parents[2])
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def resolve_config_path(path: str) -> str:
+    """An experiment path from the run config as an absolute path (see :func:`_config_search_dirs`)."""
+    if os.path.isabs(path):
+        if not os.path.isfile(path):
+            raise ConfigError(f"experiment config {path} (run config key 'config') does not exist")
+        return path
+    tried = [d / path for d in _config_search_dirs()]
+    for candidate in tried:
+        if candidate.is_file():
+            return str(candidate)
+    raise ConfigError(f"experiment config {path!r} (run config key 'config') not found; tried " + ", ".join(str(t) for t in tried))
+
+
 # ---- client ------------------------------------------------------------------------------------
 class _ClientRuntime:
     """Everything a ClientApp process needs, built once per process and experiment."""
@@ -89,7 +119,7 @@ def make_client_app(config_path: str | None = None) -> ClientApp:
         path = _run_config_value(context, "config", config_path)
         if path is None:
             raise ConfigError("the ClientApp needs the run config key 'config' (an experiment TOML)")
-        return _runtime(path).train(msg)
+        return _runtime(resolve_config_path(path)).train(msg)
 
     return app
 
@@ -138,7 +168,9 @@ def make_server_app(config_path: str | None = None, run_dir: str | None = None, 
         path = _run_config_value(context, "config", config_path)
         if path is None:
             raise ConfigError("the ServerApp needs the run config key 'config' (an experiment TOML)")
-        out = _run_config_value(context, "run-dir", run_dir) or default_run_dir(path)
+        path = resolve_config_path(path)
+        out = os.path.abspath(_run_config_value(context, "run-dir", run_dir) or default_run_dir(path))
+        _echo(f"experiment {path}, run directory {out}")
         stop = stop_after if stop_after is not None else (int(context.run_config["stop-after"]) if int(context.run_config.get("stop-after", 0) or 0) > 0 else None)
         result = serve(grid, path, out, stop)
         if result_box is not None:

@@ -10,7 +10,7 @@ here, so the engines cannot drift apart:
   state (round r's cohort is a function of (seed, r)). A resumed run ends with exactly the result
   of an uninterrupted one;
 * ``metrics.jsonl`` gets a train row per round (mean local loss, clients, clip statistics,
-  epsilon with its guarantee) and an evaluation row every ``eval_every`` rounds and at the end.
+  wall seconds, epsilon with its guarantee) and an evaluation row every ``eval_every`` rounds and at the end.
 """
 
 from __future__ import annotations
@@ -121,7 +121,9 @@ def run_rounds(
         for r in range(start + 1, fcfg.rounds + 1):
             if stopped:
                 break
+            t_round = time.perf_counter()
             state, info = round_fn(r, state)
+            info["round_seconds"] = time.perf_counter() - t_round
             done = r
             stopped = core.budget_stop(done)
             halt = stop_after is not None and done >= stop_after and done < fcfg.rounds
