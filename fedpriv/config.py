@@ -120,6 +120,9 @@ class FederatedConfig(_Strict):
     target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
     clip_learning_rate: float = Field(0.2, gt=0.0)
     clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
+    client_clip_norm: float | None = Field(None, gt=0.0, description="client-side DP-SGD: per-example L2 clip C inside each client (record-level DP)")
+    client_noise_multiplier: float | None = Field(None, gt=0.0, description="client-side DP-SGD: noise std sigma*C on each local step's clipped sum")
+    client_delta: float | None = Field(None, gt=0.0, lt=1.0, description="client-side DP-SGD: record-level delta")
     engine: Literal["vectorized", "flower"] = "vectorized"
     chunk_size: int = Field(64, ge=1, description="clients computed together by the vectorized engine (bounds memory)")
     eval_every: int = Field(5, ge=1, description="rounds between evaluations of the global model")

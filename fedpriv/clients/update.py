@@ -7,15 +7,25 @@ learning rate eta. Randomness (dropout, masking) for step i is ``fold_in(key, i)
 derived from (seed, round, user) by :func:`client_key`, so every engine gives a client the same
 update. Returns ``(delta, loss_sum)``: delta = local params - global params, and the sum over
 real steps of the step's mean loss (the host divides by the number of real steps).
+
+Client-side DP-SGD (record-level DP inside each client, as in Jana and Biemann 2021): with a
+:class:`ClientDP`, a step's gradient is the central DP-SGD one: each example's gradient clipped
+to L2 norm C (:func:`fedpriv.central.clipping.reference_clipped_sum`), summed, N(0, (sigma*C)^2)
+noise added per coordinate and divided by the public local batch size B
+(:func:`fedpriv.privacy.aggregate.noise_and_normalize`). Its accounting is in
+:mod:`fedpriv.clients.privacy`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
+from fedpriv.central.clipping import reference_clipped_sum
+from fedpriv.privacy.aggregate import noise_and_normalize
 from fedpriv.tasks.base import Params, Task
 
 CLIENT_STREAM = 0xC11E
@@ -26,9 +36,26 @@ def client_key(seed: int, round_: int, user: int) -> jax.Array:
     return jax.random.fold_in(jax.random.fold_in(base, round_), user)
 
 
-def make_client_update(task: Task, learning_rate: float) -> Callable:
+class ClientDP(NamedTuple):
+    """Client-side DP-SGD: per-example clip C, noise multiplier sigma, public batch size B."""
+
+    clip_norm: float
+    noise_multiplier: float
+    batch_size: int
+
+
+def make_client_update(task: Task, learning_rate: float, dp: ClientDP | None = None) -> Callable:
     """The (unjitted) update of one client; jit it, or vmap it over a cohort (params shared)."""
     lr = float(learning_rate)
+
+    def gradient(p, batch, step_key):
+        if dp is None:
+            return jax.value_and_grad(task.mean_loss)(p, batch, step_key, True)
+        data_key, noise_key = jax.random.split(step_key)
+        summed, _norms, losses = reference_clipped_sum(task, p, batch, data_key, dp.clip_norm)
+        grads = noise_and_normalize(summed, noise_key, dp.clip_norm, dp.noise_multiplier, float(dp.batch_size))
+        loss = jnp.sum(losses * batch["mask"]) / jnp.maximum(jnp.sum(batch["mask"]), 1.0)
+        return loss, jax.tree_util.tree_map(lambda g, a: g.astype(a.dtype), grads, p)
 
     def update(params: Params, batches, step_mask, key):
         steps = step_mask.shape[0]
@@ -36,7 +63,7 @@ def make_client_update(task: Task, learning_rate: float) -> Callable:
         def body(carry, xs):
             p, loss_sum = carry
             batch, live, i = xs
-            loss, grads = jax.value_and_grad(task.mean_loss)(p, batch, jax.random.fold_in(key, i), True)
+            loss, grads = gradient(p, batch, jax.random.fold_in(key, i))
             keep = live > 0
             p = jax.tree_util.tree_map(lambda a, g: jnp.where(keep, a - jnp.asarray(lr, a.dtype) * g.astype(a.dtype), a), p, grads)
             return (p, loss_sum + jnp.where(keep, loss, 0.0)), None
@@ -48,6 +75,6 @@ def make_client_update(task: Task, learning_rate: float) -> Callable:
     return update
 
 
-def make_cohort_update(task: Task, learning_rate: float) -> Callable:
+def make_cohort_update(task: Task, learning_rate: float, dp: ClientDP | None = None) -> Callable:
     """jit(vmap(update)) over a chunk of clients: batches (K, S, B, ...), step_mask (K, S), keys (K,)."""
-    return jax.jit(jax.vmap(make_client_update(task, learning_rate), in_axes=(None, 0, 0, 0)))
+    return jax.jit(jax.vmap(make_client_update(task, learning_rate, dp), in_axes=(None, 0, 0, 0)))

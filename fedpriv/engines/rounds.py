@@ -30,6 +30,8 @@ from flax import serialization
 from fedpriv.central.checkpoint import load_checkpoint, save_checkpoint
 from fedpriv.central.trainer import METRICS_FILE, Progress, _append, _truncate_metrics, evaluate, init_key
 from fedpriv.clients.data import ClientData
+from fedpriv.clients.privacy import Participation, check_client_dp, record_level_report
+from fedpriv.clients.update import ClientDP
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.pipeline import Prepared
 from fedpriv.privacy.ledger import LEDGER_FILE, PrivacyLedger
@@ -55,6 +57,18 @@ class FederatedSetup:
         self.task = prepared.task
         self.data = ClientData(prepared.train_arrays, prepared.train.counts())
         self.core = ServerCore(self.fcfg, self.data.num_users, cfg.seed, log)
+        self.client_dp: ClientDP | None = None
+        self.participation: Participation | None = None
+        if check_client_dp(self.fcfg):
+            self.client_dp = ClientDP(self.fcfg.client_clip_norm, self.fcfg.client_noise_multiplier, self.fcfg.local_batch_size)
+            self.participation = Participation(self.core.sampler)
+
+    def privacy_report(self, rounds: int) -> dict[str, Any]:
+        """User-level epsilon of the strategy, and record-level epsilon of client-side DP-SGD if on."""
+        out = self.core.privacy_report()
+        if self.participation is not None:
+            out.update(record_level_report(self.fcfg, self.participation, rounds))
+        return out
 
     def plan(self, user: int, round_: int) -> np.ndarray:
         f = self.fcfg
@@ -127,7 +141,7 @@ def run_rounds(
             done = r
             stopped = core.budget_stop(done)
             halt = stop_after is not None and done >= stop_after and done < fcfg.rounds
-            row = {"round": done, "split": "train", **info, **core.privacy_report()}
+            row = {"round": done, "split": "train", **info, **setup.privacy_report(done)}
             _append(metrics_path, {"step": done, **row})
             history.append(row)
             if done % fcfg.eval_every == 0 or done == fcfg.rounds or stopped:

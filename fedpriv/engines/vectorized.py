@@ -35,7 +35,7 @@ def client_keys(seed: int, round_: int, users: np.ndarray) -> jax.Array:
 class VectorizedEngine:
     def __init__(self, setup: FederatedSetup):
         self.setup = setup
-        self.update = make_cohort_update(setup.task, setup.fcfg.client_learning_rate)
+        self.update = make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp)
         self.chunk = setup.fcfg.chunk_size
 
     def client_deltas(self, params: Params, users: np.ndarray, round_: int, width: int) -> tuple[Params, np.ndarray, float, int]:
