@@ -47,6 +47,9 @@ class Prepared:
         vocab = getattr(self.task, "vocab", None)
         if vocab is not None:
             out["vocab_size_with_specials"] = len(vocab)
+        pretrained = getattr(self.task, "pretrained_from", None)
+        if pretrained is not None:
+            out["pretrained_from"] = str(pretrained)
         return out
 
 

@@ -57,6 +57,10 @@ class Task(ABC):
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
         """Reported metrics from summed ``metric_sums`` (e.g. accuracy, perplexity, F1)."""
 
+    def save_assets(self, run_dir: Any) -> None:
+        """Write what is needed to use the trained parameters again (e.g. a BERT task's tokenizer)
+        into the run directory. Trainers call it once the run directory exists; default: nothing."""
+
     # ---- shared helpers -----------------------------------------------------------------------
     def mean_loss(self, params: Params, batch: Mapping[str, jax.Array], rng: jax.Array, train: bool = True) -> jax.Array:
         """The non-private objective: mean per-example loss over the real examples of the batch."""

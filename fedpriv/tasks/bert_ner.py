@@ -69,6 +69,7 @@ class BertNERTask(Task):
         self._init = jax.jit(self.model.init)  # one program: much faster than op-by-op initialization
         self.tables = chunk_tables(self.tags)
         self.pretrained = pretrained
+        self.pretrained_from: Any = None  # where ``pretrained`` came from (a run directory), for reports
 
     @classmethod
     def from_examples(cls, examples: Sequence[Example], tokenizer: Any, tags: Sequence[str] | None = None, **kw) -> "BertNERTask":
@@ -95,6 +96,12 @@ class BertNERTask(Task):
             except (ValueError, KeyError, TypeError) as e:
                 raise FedprivError(f"cannot start from the pretrained encoder: {e}") from None
         return params
+
+    def save_assets(self, run_dir) -> None:
+        """``tokenizer.json`` (vocabulary, lowercasing, model shape) for fine-tuning or reuse."""
+        from fedpriv.tasks.bert_run import save_tokenizer
+
+        save_tokenizer(self, run_dir)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len

@@ -194,6 +194,12 @@ class MLMTask(Task):
             raise FedprivError(f"max_predictions must be in [1, {self.max_len}], got {max_predictions}")
         self.eval_seed = int(eval_seed)
 
+    def save_assets(self, run_dir) -> None:
+        """``tokenizer.json`` (vocabulary, lowercasing, model shape) for fine-tuning or reuse."""
+        from fedpriv.tasks.bert_run import save_tokenizer
+
+        save_tokenizer(self, run_dir)
+
     # ---- batching ---------------------------------------------------------------------------
     def init_params(self, rng: jax.Array) -> Params:
         z = jnp.zeros((1, self.max_len), jnp.int32)

@@ -54,6 +54,7 @@ class WordPieceVocab:
         if any(not t or any(ch.isspace() for ch in t) for t in self.tokens):
             raise FedprivError("WordPiece tokens must be non-empty and free of whitespace")
         self.unk_token = unk_token
+        self.reserved_tokens: tuple[str, ...] = tuple(reserved_tokens)
         self.max_input_chars_per_word = max_input_chars_per_word
         self.index = {t: i for i, t in enumerate(self.tokens)}
         self.unk_id = self.index[unk_token]
@@ -127,6 +128,33 @@ class WordPieceVocab:
         tmp = path.with_name(path.name + ".partial")
         tmp.write_text("".join(t + "\n" for t in self.tokens), encoding="utf-8")
         os.replace(tmp, path)
+
+    #: ``format`` tag of :meth:`to_json` objects
+    JSON_FORMAT = "fedpriv-wordpiece"
+
+    def to_json(self) -> dict:
+        """Everything that defines the tokenizer, as a JSON-able dict (:meth:`from_json` inverts it)."""
+        return {
+            "format": self.JSON_FORMAT,
+            "version": 1,
+            "tokens": list(self.tokens),
+            "reserved_tokens": list(self.reserved_tokens),
+            "unk_token": self.unk_token,
+            "max_input_chars_per_word": self.max_input_chars_per_word,
+        }
+
+    @classmethod
+    def from_json(cls, obj: object, origin: str | os.PathLike[str] = "tokenizer") -> "WordPieceVocab":
+        """Inverse of :meth:`to_json`; DataFormatError naming ``origin`` when ``obj`` is not one."""
+        if not isinstance(obj, dict) or obj.get("format") != cls.JSON_FORMAT:
+            raise DataFormatError(origin, None, f"not a WordPiece tokenizer (expected format {cls.JSON_FORMAT!r})")
+        try:
+            tokens, reserved = obj["tokens"], obj["reserved_tokens"]
+            if not all(isinstance(t, str) for t in [*tokens, *reserved]):
+                raise TypeError("tokens must be strings")
+            return cls(tokens, reserved_tokens=reserved, unk_token=obj["unk_token"], max_input_chars_per_word=int(obj["max_input_chars_per_word"]))
+        except (KeyError, TypeError, ValueError, FedprivError) as e:
+            raise DataFormatError(origin, None, f"malformed WordPiece tokenizer ({e})") from None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str], **kwargs) -> "WordPieceVocab":
