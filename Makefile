@@ -28,3 +28,30 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
+
+# ---- Flower CLI (docs/federated.md) -------------------------------------------------------------
+# `flwr run .` as a local simulation, offline: runtime dependency installation off (the apps run
+# from .venv), the venv's bin on PATH (flwr starts `flower-superlink` by name), Flower's state
+# (config.toml with the `local` connection, installed FABs, the background SuperLink's database
+# and log) under runs/flwr-home instead of ~/.flwr. The SuperLink keeps running after the run
+# (127.0.0.1:39091); `make flwr-stop` ends it.
+#   make flwr-run FLWR_CONFIG=experiments/dp-fedavg-shakespeare.toml
+FLWR_CONFIG ?= experiments/fedavg-shakespeare.toml
+FLWR_SUPERNODES ?= 4
+FLWR_HOME_DIR ?= $(CURDIR)/runs/flwr-home
+FLWR_ENV = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" FLWR_HOME="$(FLWR_HOME_DIR)" FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+
+.PHONY: flwr-run flwr-stop deploy-local
+
+flwr-run: $(STAMP)
+	$(FLWR_ENV) $(VENV)/bin/flwr run . --stream --run-config "config='$(FLWR_CONFIG)'" \
+		--federation-config "num-supernodes=$(FLWR_SUPERNODES) client-resources-num-cpus=1"
+
+flwr-stop:
+	@pids=$$(pgrep -f "[f]lower-superlink .*$(FLWR_HOME_DIR)/local-superlink" || true); \
+	if [ -n "$$pids" ]; then echo "stopping local SuperLink $$pids"; kill $$pids; else echo "no local SuperLink of $(FLWR_HOME_DIR) is running"; fi
+
+# A deployment on loopback: flower-superlink + 3 flower-supernodes, SuperNode 0 killed after round 1.
+deploy-local: $(STAMP)
+	$(PY) -m fedpriv.engines.deploy_local experiments/fedavg-shakespeare-quick.toml --supernodes 3 \
+		--run-dir runs/fedavg-shakespeare-quick-deploy --kill-node-after-round 1 --resume

@@ -85,7 +85,7 @@ class _ClientRuntime:
         prepared = prepare(config_path)
         self.setup = FederatedSetup(prepared)
         self.template = self.setup.initial_params()
-        self.update = jax.jit(make_client_update(self.setup.task, self.setup.fcfg.client_learning_rate))
+        self.update = jax.jit(make_client_update(self.setup.task, self.setup.fcfg.client_learning_rate, self.setup.client_dp))
 
     def train(self, msg: Message) -> Message:
         s = self.setup
