@@ -125,6 +125,7 @@ class FederatedConfig(_Strict):
     client_delta: float | None = Field(None, gt=0.0, lt=1.0, description="client-side DP-SGD: record-level delta")
     engine: Literal["vectorized", "flower"] = "vectorized"
     chunk_size: int = Field(64, ge=1, description="clients computed together by the vectorized engine (bounds memory)")
+    vectorize: Literal["auto", "vmap", "scan"] = Field("auto", description="vectorized engine: vmap clients (accelerators) or scan them (CPU); auto picks by backend")
     eval_every: int = Field(5, ge=1, description="rounds between evaluations of the global model")
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
     num_supernodes: int = Field(4, ge=1, description="Flower simulation: virtual SuperNodes that run the client updates")

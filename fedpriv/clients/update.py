@@ -60,13 +60,19 @@ def make_client_update(task: Task, learning_rate: float, dp: ClientDP | None = N
     def update(params: Params, batches, step_mask, key):
         steps = step_mask.shape[0]
 
+        def step(p, batch, i):
+            loss, grads = gradient(p, batch, jax.random.fold_in(key, i))
+            return jax.tree_util.tree_map(lambda a, g: a - jnp.asarray(lr, a.dtype) * g.astype(a.dtype), p, grads), loss.astype(jnp.float32)
+
+        def skip(p, batch, i):
+            return p, jnp.zeros((), jnp.float32)
+
         def body(carry, xs):
             p, loss_sum = carry
             batch, live, i = xs
-            loss, grads = gradient(p, batch, jax.random.fold_in(key, i))
-            keep = live > 0
-            p = jax.tree_util.tree_map(lambda a, g: jnp.where(keep, a - jnp.asarray(lr, a.dtype) * g.astype(a.dtype), a), p, grads)
-            return (p, loss_sum + jnp.where(keep, loss, 0.0)), None
+            # A padded step is skipped: at run time when unbatched (lax.cond), as a select under vmap.
+            p, loss = jax.lax.cond(live > 0, step, skip, p, batch, i)
+            return (p, loss_sum + loss), None
 
         (local, loss_sum), _ = jax.lax.scan(body, (params, jnp.zeros((), jnp.float32)), (batches, step_mask, jnp.arange(steps)))
         delta = jax.tree_util.tree_map(lambda a, b: a - b, local, params)
@@ -75,6 +81,24 @@ def make_client_update(task: Task, learning_rate: float, dp: ClientDP | None = N
     return update
 
 
-def make_cohort_update(task: Task, learning_rate: float, dp: ClientDP | None = None) -> Callable:
-    """jit(vmap(update)) over a chunk of clients: batches (K, S, B, ...), step_mask (K, S), keys (K,)."""
-    return jax.jit(jax.vmap(make_client_update(task, learning_rate, dp), in_axes=(None, 0, 0, 0)))
+def make_cohort_update(task: Task, learning_rate: float, dp: ClientDP | None = None, mode: str = "vmap") -> Callable:
+    """The updates of a chunk of clients in one jitted call: batches (K, S, B, ...), step_mask
+    (K, S), keys (K,) -> (deltas stacked (K, ...), loss sums (K,)).
+
+    ``vmap``: all K clients at once (every padded step and client computed and discarded: for
+    accelerators). ``scan``: one client after another inside the compiled program, padded steps
+    and clients skipped (for CPUs, where batching gains nothing and padding costs in full)."""
+    one = make_client_update(task, learning_rate, dp)
+    if mode == "vmap":
+        return jax.jit(jax.vmap(one, in_axes=(None, 0, 0, 0)))
+    if mode != "scan":
+        raise ValueError(f"mode must be 'vmap' or 'scan', got {mode!r}")
+
+    def run(params, batches, step_mask, keys):
+        def body(_, xs):
+            b, m, k = xs
+            return None, one(params, b, m, k)
+
+        return jax.lax.scan(body, None, (batches, step_mask, keys))[1]
+
+    return jax.jit(run)

@@ -32,10 +32,19 @@ def client_keys(seed: int, round_: int, users: np.ndarray) -> jax.Array:
     return jax.vmap(lambda u: jax.random.fold_in(base, u))(jnp.asarray(users, jnp.uint32))
 
 
+def vectorize_mode(setting: str) -> str:
+    """``auto``: scan on CPU (batching clients gains nothing there and padding costs in full),
+    vmap on accelerators."""
+    if setting != "auto":
+        return setting
+    return "scan" if jax.default_backend() == "cpu" else "vmap"
+
+
 class VectorizedEngine:
     def __init__(self, setup: FederatedSetup):
         self.setup = setup
-        self.update = make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp)
+        self.mode = vectorize_mode(setup.fcfg.vectorize)
+        self.update = make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp, self.mode)
         self.chunk = setup.fcfg.chunk_size
 
     def client_deltas(self, params: Params, users: np.ndarray, round_: int, width: int) -> tuple[Params, np.ndarray, float, int]:
@@ -56,12 +65,18 @@ class VectorizedEngine:
         return deltas, mask, float(np.sum(np.asarray(loss_sums)[: len(users)])), int(sum(len(p) for p in plans))
 
     def chunks(self, cohort: np.ndarray) -> list[tuple[np.ndarray, int]]:
-        """The cohort cut into (users, width) chunks of similar plan length.
+        """The cohort cut into (users, width) chunks of at most ``chunk_size`` clients.
 
-        Users are grouped by their step count rounded up to a power of two (so padding at most
-        doubles a client's steps), and each group is cut into chunks of ``chunk_size``; a chunk's
-        width is its size rounded up to a power of two. Few shapes, little padded work."""
+        vmap (padding is computed): users are grouped by their step count rounded up to a power
+        of two, so padding at most doubles a client's steps, and a chunk's width is its size
+        rounded up to a power of two. scan (padding is skipped): consecutive slices of one width
+        (the cohort size under fixed sampling, a power of two under Poisson), so few programs
+        get compiled."""
         f = self.setup.fcfg
+        if self.mode == "scan":
+            n = len(cohort)
+            width = min(self.chunk, n if f.sampling == "fixed" else next_power_of_two(max(n, 1)))
+            return [(cohort[i : i + width], width) for i in range(0, n, width)]
         steps = np.array([self.setup.data.local_steps(int(u), f.local_epochs, f.local_batch_size, f.max_local_steps) for u in cohort], np.int64)
         buckets = np.array([next_power_of_two(int(x)) for x in steps], np.int64)
         out = []
