@@ -16,7 +16,7 @@ import pytest
 from fedpriv.clients.data import ClientData, next_power_of_two
 from fedpriv.clients.update import client_key, make_client_update
 from fedpriv.config import load_config
-from fedpriv.engines.rounds import FederatedSetup
+from fedpriv.engines.rounds import FederatedSetup, describe_round
 from fedpriv.engines.run import run_federated
 from fedpriv.engines.vectorized import VectorizedEngine, client_keys, run_vectorized
 from fedpriv.errors import ConfigError
@@ -170,6 +170,8 @@ def test_dp_run_reports_epsilon_with_its_guarantee_every_round(tmp_path):
     assert eps == sorted(eps) and eps[0] > 0
     assert all("user-level" in r["guarantee"] and "without replacement" in r["guarantee"] for r in rows)
     assert all(r["clients"] == 6 and r["clip_norm"] == pytest.approx(0.3) for r in rows)
+    line = describe_round(3, 3, rows[-1], {}, 1.0)
+    assert f"epsilon {rows[-1]['epsilon']:.3g} (delta 0.001; user-level, replace-one, 6 of 261 without replacement)" in line
 
 
 def test_federated_run_needs_a_federated_section(tmp_path):

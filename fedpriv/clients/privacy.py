@@ -54,10 +54,11 @@ def record_level_report(fcfg: FederatedConfig, participation: Participation, rou
     """``client_epsilon`` at ``client_delta`` and its guarantee after ``rounds`` rounds."""
     k = participation.max_after(rounds) * fcfg.local_epochs
     if k == 0:
-        return {"client_epsilon": 0.0, "client_guarantee": "no local steps yet"}
+        return {"client_epsilon": 0.0, "client_delta": fcfg.client_delta, "client_guarantee": "no local steps yet"}
     event = GaussianSteps("none", fcfg.client_noise_multiplier, 1, 1, k, "example")
     ans = epsilon_for(event, fcfg.client_delta)
     return {
         "client_epsilon": ans.epsilon,
+        "client_delta": fcfg.client_delta,
         "client_guarantee": f"record-level, add-or-remove-one example: {k} Gaussian steps (noise multiplier {fcfg.client_noise_multiplier}, no amplification from shuffled local batches); epsilon = {ans.epsilon:.4g} at delta = {fcfg.client_delta:g}",
     }

@@ -172,10 +172,12 @@ def describe_round(done: int, rounds: int, row: dict, eval_row: dict, elapsed: f
     parts = [f"round {done}/{rounds}", f"clients {row.get('clients', 0)}"]
     if row.get("loss") is not None:
         parts.append(f"local loss {row['loss']:.4f}")
+    if row.get("client_epsilon") is not None:
+        parts.append(f"record-level client epsilon {row['client_epsilon']:.3g} (delta {row['client_delta']:g}, add-or-remove-one example)")
     if row.get("clip_norm") is not None:
         parts.append(f"clip {row['clip_norm']:.3g} (unclipped {row.get('unclipped_fraction', 0):.0%})")
     if row.get("epsilon") is not None:
-        parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g})")
+        parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g}; {row['basis']})")
     for k in ("perplexity", "accuracy", "f1"):
         if k in eval_row:
             parts.append(f"{eval_row['split']} {k} {eval_row[k]:.4g}")
