@@ -25,6 +25,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/synthetic_corpus.py --preset stackoverflow --users-to-sample 5000
 	$(PY) benchmarks/dp_vocab.py
 	$(PY) benchmarks/dpsgd_step.py --model all
+	$(PY) benchmarks/federated_engines.py --model tiny
+	$(PY) benchmarks/federated_engines.py --model small
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
