@@ -34,7 +34,7 @@ from fedpriv.central.clipping import fast_clipped_sum, reference_clipped_sum, su
 from fedpriv.central.trainer import Stepper, gather, step_key_base
 from fedpriv.config import PrivacyConfig, TrainingConfig
 from fedpriv.errors import FedprivError, PrivacyParameterError
-from fedpriv.privacy.accounting import GaussianSteps, calibrate_noise_multiplier, max_steps_within
+from fedpriv.privacy.accounting import GaussianSteps, resolve_noise_multiplier, steps_within_budget
 from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, noise_and_normalize
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.tasks.base import Batch, Params, Task
@@ -81,11 +81,7 @@ class DPSGDStepper(Stepper):
         if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
             raise PrivacyParameterError("privacy: give exactly one of noise_multiplier or target_epsilon")
         template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, "example", shards, micro)
-        if dp.target_epsilon is not None:
-            sigma, ans = calibrate_noise_multiplier(template, dp.target_epsilon, dp.delta, dp.accountant)
-            say(f"calibrated noise multiplier {sigma:.4f} per draw for {ans.describe()}")
-        else:
-            sigma = float(dp.noise_multiplier)
+        sigma = resolve_noise_multiplier(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, say)
         self.sigma = sigma
         self.event = GaussianSteps(dp.sampling, sigma, n, b_logical, 1, "example", shards, micro) if sigma > 0 else None
         if self.event is None:
@@ -94,11 +90,7 @@ class DPSGDStepper(Stepper):
         if dp.epsilon_budget is not None:
             if self.event is None:
                 raise PrivacyParameterError("privacy.epsilon_budget needs a noise multiplier > 0")
-            self.max_steps = max_steps_within(self.event, dp.epsilon_budget, dp.delta, dp.accountant, total_steps)
-            if self.max_steps == 0:
-                raise PrivacyParameterError(f"privacy.epsilon_budget = {dp.epsilon_budget}: even one step exceeds it at delta {dp.delta}")
-            if self.max_steps < total_steps:
-                say(f"the epsilon budget {dp.epsilon_budget} allows {self.max_steps} of the {total_steps} steps")
+            self.max_steps = steps_within_budget(self.event, dp.epsilon_budget, dp.delta, dp.accountant, total_steps, "privacy.epsilon_budget", "step", say)
         self.ledger = PrivacyLedger()
         self.steps_per_epoch = max(1, math.ceil(n / b_logical))
         self.q = b_logical / n

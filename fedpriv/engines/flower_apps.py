@@ -77,6 +77,14 @@ def resolve_config_path(path: str) -> str:
     raise ConfigError(f"experiment config {path!r} (run config key 'config') not found; tried " + ", ".join(str(t) for t in tried))
 
 
+def experiment_path(context: Context, bound: str | None, app: str) -> str:
+    """The experiment TOML an app runs: ``bound``, else the run config's ``config``, resolved."""
+    path = _run_config_value(context, "config", bound)
+    if path is None:
+        raise ConfigError(f"the {app} needs the run config key 'config' (an experiment TOML)")
+    return resolve_config_path(path)
+
+
 # ---- client ------------------------------------------------------------------------------------
 class _ClientRuntime:
     """Everything a ClientApp process needs, built once per process and experiment."""
@@ -116,10 +124,7 @@ def make_client_app(config_path: str | None = None) -> ClientApp:
 
     @app.train()
     def train(msg: Message, context: Context) -> Message:
-        path = _run_config_value(context, "config", config_path)
-        if path is None:
-            raise ConfigError("the ClientApp needs the run config key 'config' (an experiment TOML)")
-        return _runtime(resolve_config_path(path)).train(msg)
+        return _runtime(experiment_path(context, config_path, "ClientApp")).train(msg)
 
     return app
 
@@ -165,10 +170,7 @@ def make_server_app(config_path: str | None = None, run_dir: str | None = None, 
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        path = _run_config_value(context, "config", config_path)
-        if path is None:
-            raise ConfigError("the ServerApp needs the run config key 'config' (an experiment TOML)")
-        path = resolve_config_path(path)
+        path = experiment_path(context, config_path, "ServerApp")
         out = os.path.abspath(_run_config_value(context, "run-dir", run_dir) or default_run_dir(path))
         _echo(f"experiment {path}, run directory {out}")
         stop = stop_after if stop_after is not None else (int(context.run_config["stop-after"]) if int(context.run_config.get("stop-after", 0) or 0) > 0 else None)

@@ -23,6 +23,8 @@ the default 1 is "noise added once to the logical batch".
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
@@ -307,6 +309,35 @@ def max_steps_within(event: GaussianSteps, budget: float, delta: float, accounta
         else:
             hi = mid
     return lo
+
+
+def resolve_noise_multiplier(
+    template: GaussianSteps,
+    noise_multiplier: float | None,
+    target_epsilon: float | None,
+    delta: float,
+    accountant: AccountantName,
+    say: Callable[[str], None],
+) -> float:
+    """sigma as given, or calibrated on ``template`` (all planned steps) to ``target_epsilon``."""
+    if target_epsilon is None:
+        return float(noise_multiplier)
+    sigma, ans = calibrate_noise_multiplier(template, target_epsilon, delta, accountant)
+    say(f"calibrated noise multiplier {sigma:.4f} per draw for {ans.describe()}")
+    return sigma
+
+
+def steps_within_budget(
+    event: GaussianSteps, budget: float, delta: float, accountant: AccountantName, planned: int, key: str, step_word: str, say: Callable[[str], None]
+) -> int:
+    """How many of the ``planned`` steps (rounds) fit in the epsilon ``budget``; refuses a budget
+    that not even one fits (PrivacyParameterError naming the config ``key``)."""
+    allowed = max_steps_within(event, budget, delta, accountant, planned)
+    if allowed == 0:
+        raise PrivacyParameterError(f"{key} = {budget}: even one {step_word} exceeds it at delta {delta}")
+    if allowed < planned:
+        say(f"the epsilon budget {budget} allows {allowed} of the {planned} {step_word}s")
+    return allowed
 
 
 def batch_size_sweep(

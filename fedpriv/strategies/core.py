@@ -37,7 +37,7 @@ import optax
 
 from fedpriv.config import FederatedConfig
 from fedpriv.errors import PrivacyParameterError
-from fedpriv.privacy.accounting import GaussianSteps, calibrate_noise_multiplier, check_delta, max_steps_within
+from fedpriv.privacy.accounting import GaussianSteps, check_delta, resolve_noise_multiplier, steps_within_budget
 from fedpriv.privacy.adaptive_clip import AdaptiveClipState, init_adaptive_clip, noised_unclipped_fraction, update_clip_norm
 from fedpriv.privacy.aggregate import clipped_sum, noise_and_normalize
 from fedpriv.privacy.ledger import PrivacyLedger
@@ -141,19 +141,11 @@ class ServerCore:
         self.adaptive: AdaptiveClipState | None = None
         if self.strategy == "dp-fedavg":
             template = GaussianSteps(fcfg.sampling, 1.0, population, float(self.m), fcfg.rounds, "user")
-            if fcfg.target_epsilon is not None:
-                z, ans = calibrate_noise_multiplier(template, fcfg.target_epsilon, fcfg.delta, fcfg.accountant)
-                say(f"calibrated noise multiplier z = {z:.4f} for {ans.describe()}")
-            else:
-                z = float(fcfg.noise_multiplier)
+            z = resolve_noise_multiplier(template, fcfg.noise_multiplier, fcfg.target_epsilon, fcfg.delta, fcfg.accountant, say)
             self.noise_multiplier = z
             self.event = GaussianSteps(fcfg.sampling, z, population, float(self.m), 1, "user")
             if fcfg.epsilon_budget is not None:
-                self.max_rounds = max_steps_within(self.event, fcfg.epsilon_budget, fcfg.delta, fcfg.accountant, fcfg.rounds)
-                if self.max_rounds == 0:
-                    raise PrivacyParameterError(f"federated.epsilon_budget = {fcfg.epsilon_budget}: even one round exceeds it at delta {fcfg.delta}")
-                if self.max_rounds < fcfg.rounds:
-                    say(f"the epsilon budget {fcfg.epsilon_budget} allows {self.max_rounds} of the {fcfg.rounds} rounds")
+                self.max_rounds = steps_within_budget(self.event, fcfg.epsilon_budget, fcfg.delta, fcfg.accountant, fcfg.rounds, "federated.epsilon_budget", "round", say)
             if fcfg.adaptive_clip:
                 sigma_b = fcfg.clip_count_stddev if fcfg.clip_count_stddev is not None else self.m / 20.0
                 self.adaptive = init_adaptive_clip(fcfg.clip_norm, fcfg.target_unclipped_quantile, fcfg.clip_learning_rate, sigma_b, z)
