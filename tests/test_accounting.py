@@ -221,3 +221,9 @@ def test_ledger_refuses_mixed_relations_and_bad_files(tmp_path):
 
     with pytest.raises(DataFormatError, match="entry 0"):
         PrivacyLedger.load(bad)
+
+
+def test_basis_states_unit_relation_and_sampling():
+    assert GaussianSteps("fixed", 1.0, 262, 40, 5, "user").basis() == "user-level, replace-one, 40 of 262 without replacement"
+    assert GaussianSteps("poisson", 1.0, 1000, 10, 5).basis() == "example-level, add-or-remove-one, Poisson q = 0.01"
+    assert GaussianSteps("none", 1.0, 7, 7, 5).basis() == "example-level, add-or-remove-one, no sampling"

@@ -237,6 +237,10 @@ def test_ledger_records_the_sampling_used_and_epsilon_is_printed(nwp, tmp_path):
     rows = [r for r in res.history if r["split"] == "train"]
     assert rows[-1]["epsilon"] == pytest.approx(epsilon_for(GaussianSteps("poisson", 1.1, n, 32, 6), 1e-5).epsilon)
     assert "add-or-remove-one example" in rows[-1]["guarantee"] and "Poisson" in rows[-1]["guarantee"]
+    from fedpriv.central.trainer import _describe
+
+    line = _describe(6, 6, rows[-1], {}, 1.0)
+    assert f"epsilon {rows[-1]['epsilon']:.3g} (delta 1e-05; example-level, add-or-remove-one, Poisson q = {32 / n:.4g})" in line
     # Poisson batches vary in size; the denominator stays B.
     sizes = {len(stepper.sample(k)) for k in range(20)}
     assert len(sizes) > 3

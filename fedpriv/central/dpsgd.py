@@ -183,7 +183,7 @@ class DPSGDStepper(Stepper):
 
     def report(self, done: int) -> dict:
         a = self.answer()
-        return {"epsilon": a["epsilon"], "delta": a["delta"], "guarantee": a["guarantee"]}
+        return {"epsilon": a["epsilon"], "delta": a["delta"], "guarantee": a["guarantee"], "basis": self.event.basis() if self.event is not None else "no noise"}
 
     def save(self, run_dir: Path, done: int) -> None:
         self.ledger.save(run_dir)

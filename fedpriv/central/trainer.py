@@ -294,7 +294,7 @@ def train_central(
 def _describe(done: int, steps: int, train_row: dict, eval_row: dict, rate: float) -> str:
     parts = [f"step {done}/{steps}", f"train loss {train_row['loss']:.4f}"]
     if train_row.get("epsilon") is not None:
-        parts.append(f"epsilon {train_row['epsilon']:.3g}")
+        parts.append(f"epsilon {train_row['epsilon']:.3g} (delta {train_row['delta']:g}; {train_row.get('basis', '')})")
     for k in ("perplexity", "accuracy", "f1", "loss"):
         if k in eval_row:
             parts.append(f"{eval_row['split']} {k} {eval_row[k]:.4g}")

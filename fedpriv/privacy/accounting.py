@@ -120,6 +120,17 @@ class GaussianSteps:
             unit=self.unit, q=self.sampling_probability, batch=self.batch, population=self.population
         )
 
+    def basis(self) -> str:
+        """The short form of the assumptions behind an epsilon, printed next to it:
+        e.g. ``user-level, replace-one, 40 of 262 without replacement``."""
+        if self.sampling == "fixed":
+            how = f"{self.batch:g} of {self.population} without replacement"
+        elif self.sampling == "poisson":
+            how = f"Poisson q = {self.sampling_probability:.4g}"
+        else:
+            how = "no sampling"
+        return f"{self.unit}-level, {self.relation}, {how}"
+
     def dp_event(self) -> dp_accounting.DpEvent:
         """The dp-accounting event of all ``steps`` (Gaussian std relative to the sensitivity)."""
         gaussian = dp_accounting.GaussianDpEvent(self.effective_noise_multiplier / self.sensitivity_in_clip_norms)

@@ -210,15 +210,10 @@ class ServerCore:
         if self.strategy != "dp-fedavg":
             return {"epsilon": None, "guarantee": "none (no noise)"}
         if not self.ledger.entries:
-            return {"epsilon": 0.0, "delta": self.fcfg.delta, "guarantee": "no rounds yet", "basis": self.basis()}
+            return {"epsilon": 0.0, "delta": self.fcfg.delta, "guarantee": "no rounds yet", "basis": self.event.basis()}
         a = self.ledger.epsilon(self.fcfg.delta, self.fcfg.accountant).to_json()
-        return {"epsilon": a["epsilon"], "delta": a["delta"], "guarantee": a["guarantee"], "basis": self.basis()}
+        return {"epsilon": a["epsilon"], "delta": a["delta"], "guarantee": a["guarantee"], "basis": self.event.basis()}
 
-    def basis(self) -> str:
-        """The short form of the guarantee's assumptions, printed next to every epsilon."""
-        e = self.event
-        how = f"{self.m} of {self.population} without replacement" if e.sampling == "fixed" else f"Poisson q = {e.sampling_probability:.4g}"
-        return f"user-level, {e.relation}, {how}"
 
     def budget_stop(self, done: int) -> str | None:
         if self.max_rounds < self.fcfg.rounds and done >= self.max_rounds:
