@@ -25,6 +25,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/synthetic_corpus.py --preset stackoverflow --users-to-sample 5000
 	$(PY) benchmarks/dp_vocab.py
 	$(PY) benchmarks/dpsgd_step.py --model all
+	$(PY) benchmarks/random_sampling.py
 	$(PY) benchmarks/federated_engines.py --model tiny
 	$(PY) benchmarks/federated_engines.py --model small
 

@@ -205,18 +205,110 @@ def train_federated_cmd(
         _print_summary(f"experiment {summary['experiment']} ({summary['engine']})", summary)
 
 
+@app.command("run")
+def run_cmd(
+    experiment: Path = typer.Argument(..., help="Experiment TOML with [[runs]] (see experiments/demo.toml)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes."),
+    set_: list[str] = typer.Option([], "--set", help="Override an experiment key, KEY=VALUE (repeatable), e.g. --set data.source=Posts.xml."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
+) -> None:
+    """Train and audit every run of an experiment (central and federated, one planted corpus)."""
+    from fedpriv.report.store import run_experiment
+
+    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
+    store, summaries, complete = run_experiment(experiment, out, parse_options(set_), stop_after, say)
+    written = None
+    if complete and report:
+        from fedpriv.report.tables import write_report
+
+        written = write_report(store)
+    if as_json:
+        print(json.dumps({"store": str(store), "complete": complete, "runs": summaries, "report": str(written) if written else None}, indent=2))
+        return
+    if not complete:
+        out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}` again to resume ({store})")
+        return
+    if written is not None:
+        out.print((written / "comparison.md").read_text())
+        out.print(f"report: {written}")
+
+
+@app.command("report")
+def report_cmd(
+    store: Path = typer.Argument(..., help="A run store written by fedpriv run."),
+) -> None:
+    """Write the comparison report of a run store: Markdown and CSV tables, PNG plots."""
+    from fedpriv.report.tables import write_report
+
+    written = write_report(store)
+    out.print((written / "comparison.md").read_text())
+    out.print(f"report: {written}")
+
+
+@app.command("audit")
+def audit_cmd(
+    run_dir: Path = typer.Argument(..., help="A trained run directory (from fedpriv train) whose experiment has [canaries]."),
+    as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
+    candidates: Optional[int] = typer.Option(None, "--candidates", min=1, help="Random Sampling: random suffixes per canary (default: the config's audit.rs_candidates)."),
+) -> None:
+    """Memorization audit: Random Sampling, Beam Search, exposure and extraction (NWP); the
+    secret sharer's exposure (masked LM). Writes audit.json and audit.md into RUN_DIR."""
+    from fedpriv.memorization.audit import AUDIT_MD, audit_run
+
+    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
+    report = audit_run(run_dir, candidates, say)
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    _print_audit(report)
+    out.print(f"written: {run_dir / AUDIT_MD} and audit.json")
+
+
+def _print_audit(report: dict) -> None:
+    from fedpriv.memorization.audit import CANARY_COLUMNS, _fmt
+
+    cols = CANARY_COLUMNS[report["task"]]
+    t = Table(title=f"canaries ({report['parameters']})")
+    for c in cols:
+        t.add_column(c.replace("_", " "))
+    for r in report["canaries"]:
+        t.add_row(*(_fmt(r.get(c)) for c in cols))
+    out.print(t)
+    s = Table(title="summary by configuration")
+    total = report["summary"]["total"]
+    keys = list(total)
+    s.add_column("configuration")
+    for k in keys:
+        s.add_column(k.replace("_", " "))
+    for name, b in [*report["summary"]["by_configuration"].items(), ("all", total)]:
+        s.add_row(name, *(_fmt(b[k]) for k in keys))
+    out.print(s)
+    for name, m in (report.get("extraction") or {}).items():
+        out.print(f"extraction, {name} prefixes: {m['examples']} examples, exact match {_fmt(m.get('exact_match'))}, token accuracy {_fmt(m.get('token_accuracy'))}, median edit distance {_fmt(m.get('median_edit_distance'))}")
+
+
 @app.command("demo")
 def demo(
     config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment config to run."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/demo)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Run the main job on the bundled data (today: central NWP training on Shakespeare, held-out speakers)."""
+    """Run the main job on the bundled data (today: central NWP training on Shakespeare with planted
+    canaries, held-out speakers, then the memorization audit)."""
     summary = _train_central(config, out, as_json)
+    report = None
+    if "canaries" in summary:
+        from fedpriv.memorization.audit import audit_run
+
+        report = audit_run(summary["run_dir"], log=None if as_json else (lambda m: err.print(m, markup=False, highlight=False)))
     if as_json:
-        print(json.dumps(summary, indent=2))
-    else:
-        _print_summary(f"experiment {summary['experiment']}", summary)
+        print(json.dumps({**summary, "audit": report["summary"] if report else None}, indent=2))
+        return
+    _print_summary(f"experiment {summary['experiment']}", summary)
+    if report is not None:
+        _print_audit(report)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,12 +22,13 @@ Example::
 
 from __future__ import annotations
 
+import json
 import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from fedpriv.errors import ConfigError
 
@@ -45,6 +46,9 @@ class DataConfig(_Strict):
     max_examples_per_user: int | None = Field(None, ge=1, description="keep each user's first N examples")
     eval_source: str | None = Field(None, min_length=1, description="evaluate on this source instead of held-out users")
     eval_options: dict[str, Any] = Field(default_factory=dict, description="loader options of eval_source")
+    users: Literal["natural", "iid"] = Field(
+        "natural", description="natural: the source's users; iid: after planting, records shuffled and dealt to users with the same per-user counts (the IID control)"
+    )
 
 
 class VocabConfig(_Strict):
@@ -134,6 +138,54 @@ class FederatedConfig(_Strict):
     round_timeout_s: float = Field(600.0, gt=0.0, description="Flower: seconds to wait for a round's replies; missing ones count as failed")
 
 
+class CanariesConfig(_Strict):
+    """Canaries planted with the federated secret sharer (Thakkar et al. 2021; a ``[canaries]`` section).
+
+    For each (p_u, p_e) configuration, ``per_config`` canaries; each training user becomes a
+    sharer of a canary with probability p_u, and each of a sharer's examples is replaced by the
+    canary with probability p_e. See :mod:`fedpriv.memorization.canaries` for the scaling rule.
+    """
+
+    words: int = Field(5, ge=3, description="k: words per canary (NWP); the RS test scores the last k - rs_prefix")
+    per_config: int = Field(10, ge=1, description="canaries per (p_u, p_e) configuration")
+    user_probabilities: list[float] = Field([1 / 50_000, 3 / 50_000, 1 / 5_000], min_length=1, description="p_u values")
+    example_probabilities: list[float] = Field([0.01, 0.1, 1.0], min_length=1, description="p_e values")
+    distribution: Literal["uniform", "unigram"] = Field("uniform", description="canary words drawn uniformly from the vocabulary or by training-word frequency")
+    min_expected_sharers: float = Field(1.0, ge=0.0, description="scale every p_u by one factor so the smallest expects at least this many sharers (0: never scale)")
+    patterns: list[str] = Field(["S", "HS", "HSH", "HHSHH"], min_length=1, description="mlm task: hint/secret patterns (H a hint word, S the secret)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "CanariesConfig":
+        for name in ("user_probabilities", "example_probabilities"):
+            bad = [p for p in getattr(self, name) if not 0.0 < p <= 1.0]
+            if bad:
+                raise ValueError(f"{name}: every probability must be in (0, 1], got {bad[0]}")
+        for pat in self.patterns:
+            if set(pat) - {"H", "S"} or pat.count("S") != 1:
+                raise ValueError(f"patterns: {pat!r} must be H and S letters with exactly one S (e.g. HSH)")
+        return self
+
+
+class AuditConfig(_Strict):
+    """Memorization tests run by ``fedpriv audit`` (an ``[audit]`` section; every key has a default)."""
+
+    rs_prefix: int = Field(2, ge=1, description="Random Sampling: canary words given as the prefix")
+    rs_candidates: int = Field(2_000_000, ge=1, description="Random Sampling: N random suffixes per canary")
+    rs_batch: int = Field(512, ge=1, description="Random Sampling: candidates scored per compiled call")
+    beam_width: int = Field(5, ge=1, description="Beam Search: beams kept per step")
+    beam_top: int = Field(5, ge=1, description="Beam Search: a canary is memorized if among this many best continuations")
+    extraction_examples: int = Field(500, ge=0, description="extraction: prefixes per category (duplicated, unique, validation); 0 = skip")
+    extraction_prefix: int = Field(5, ge=1, description="extraction: words given")
+    extraction_suffix: int = Field(5, ge=1, description="extraction: words to reproduce greedily")
+    mlm_examples: int = Field(20, ge=1, description="masked-LM secret sharer: planted examples per canary whose secret rank is averaged")
+
+    @model_validator(mode="after")
+    def _check(self) -> "AuditConfig":
+        if self.beam_top > self.beam_width:
+            raise ValueError(f"beam_top ({self.beam_top}) must be <= beam_width ({self.beam_width})")
+        return self
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., min_length=1)
     seed: int = 0
@@ -143,6 +195,8 @@ class ExperimentConfig(_Strict):
     training: TrainingConfig = Field(default_factory=TrainingConfig)
     privacy: PrivacyConfig | None = None
     federated: FederatedConfig | None = None
+    canaries: CanariesConfig | None = None
+    audit: AuditConfig = Field(default_factory=AuditConfig)
 
 
 def _path_of(loc: tuple) -> str:
@@ -164,7 +218,7 @@ def validate_config(raw: dict[str, Any], origin: str = "config") -> ExperimentCo
 
 
 def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
-    """Read and validate a TOML experiment config."""
+    """Read and validate an experiment config: TOML, or JSON for a ``.json`` path."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -172,6 +226,12 @@ def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
         raise ConfigError(f"{path}: no such file") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path}: not valid UTF-8 ({e.reason})") from None
+    if path.suffix == ".json":  # a resolved config written by fedpriv (run directories, experiment runs)
+        try:
+            raw = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path}: JSON syntax error: {e}") from None
+        return validate_config(raw, str(path))
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

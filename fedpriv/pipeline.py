@@ -2,7 +2,11 @@
 
 ``prepare`` resolves the source, filters users, picks the evaluation data (``data.eval_source``,
 or users held out by a stable hash of their id), builds the task on the training users only (so
-evaluation data never shapes the vocabulary) and encodes the records.
+evaluation data never shapes the vocabulary). With a ``[canaries]`` section it then plants the
+canaries in the training users (the vocabulary stays the clean one; see
+:mod:`fedpriv.memorization.canaries`) and encodes the planted records, so central and federated
+runs of one experiment see identical data. ``data.users = "iid"`` then reshards the planted
+records over users of the same sizes (the IID control of Thakkar et al. 2021).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from fedpriv.config import ExperimentConfig, load_config
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.sources import open_corpus
 from fedpriv.errors import FedprivError
+from fedpriv.memorization.canaries import Manifest, plant_canaries
 from fedpriv.tasks.base import Batch, Task
 from fedpriv.tasks.registry import build_task
 
@@ -32,6 +37,14 @@ class Prepared:
     task: Task
     train_arrays: Batch
     eval_arrays: dict[str, Batch]
+    canaries: Manifest | None = None
+
+    def save_assets(self, run_dir: str | os.PathLike[str]) -> None:
+        """What an audit or a later run needs besides the parameters: the task's assets (e.g. a
+        tokenizer) and the canary manifest."""
+        self.task.save_assets(run_dir)
+        if self.canaries is not None:
+            self.canaries.save(run_dir)
 
     def summary(self) -> dict:
         out = {
@@ -47,6 +60,9 @@ class Prepared:
         vocab = getattr(self.task, "vocab", None)
         if vocab is not None:
             out["vocab_size_with_specials"] = len(vocab)
+        if self.canaries is not None:
+            out["canaries"] = len(self.canaries.canaries)
+            out["canary_insertions"] = self.canaries.total_insertions
         pretrained = getattr(self.task, "pretrained_from", None)
         if pretrained is not None:
             out["pretrained_from"] = str(pretrained)
@@ -92,6 +108,12 @@ def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[st
     train, evals = load_training_corpora(cfg, say)
     say(f"{train.num_users} training users, {train.num_examples} examples; building the {cfg.task.kind} task ...")
     task = build_task(cfg, train)
+    manifest = None
+    if cfg.canaries is not None:
+        train, manifest = plant_canaries(train, task, cfg.canaries, cfg.seed, cfg.task.kind, say)
+    if cfg.data.users == "iid":
+        train = train.resharded_iid(cfg.seed)
+        say(f"users resharded IID: {train.num_users} users keep their example counts, records shuffled")
     arrays = encode_corpus(task, train)
     eval_arrays = {name: encode_corpus(task, c) for name, c in evals.items()}
-    return Prepared(cfg, train, evals, task, arrays, eval_arrays)
+    return Prepared(cfg, train, evals, task, arrays, eval_arrays, manifest)

@@ -84,7 +84,7 @@ def test_config_check_and_demo(capsys, tmp_path):
     assert main(["config", "check", "experiments/demo.toml"]) == 0
     assert "ok" in capsys.readouterr().out
     # The demo's own config, shortened: the same command path, a fraction of the steps.
-    text = open("experiments/demo.toml").read().replace('model = "small"', 'model = "tiny"').replace("epochs = 3", "steps = 30")
+    text = open("experiments/demo.toml").read().replace('model = "small"', 'model = "tiny"').replace("epochs = 3", "steps = 30").replace("rs_candidates = 100000", "rs_candidates = 500")
     cfg = tmp_path / "demo.toml"
     cfg.write_text(text)
     assert main(["demo", "--json", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 0
@@ -93,3 +93,5 @@ def test_config_check_and_demo(capsys, tmp_path):
     assert summary["train_examples"] + summary["heldout_examples"] == 12625
     assert summary["vocab_size_with_specials"] == 10_004
     assert summary["steps"] == 30 and summary["final_perplexity"] > 0 and summary["heldout_unigram_perplexity"] > 0
+    assert summary["canaries"] == 18 and summary["audit"]["total"]["canaries"] == 18
+    assert (tmp_path / "run" / "audit.md").is_file() and (tmp_path / "run" / "canaries.json").is_file()

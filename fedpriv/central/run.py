@@ -13,7 +13,7 @@ def run_central(prepared: Prepared, run_dir: str | os.PathLike[str], stop_after:
     cfg = prepared.config
     train = prepared.train_arrays
     os.makedirs(run_dir, exist_ok=True)
-    prepared.task.save_assets(run_dir)
+    prepared.save_assets(run_dir)
     steps = total_steps(cfg.training, len(train["mask"]))
     tx = make_optimizer(cfg.training, steps)
     if cfg.privacy is None:

@@ -119,6 +119,7 @@ def run_rounds(
     elif metrics_path.exists():
         metrics_path.unlink()
     (run_dir / "config.json").write_text(json.dumps({"kind": "federated", "engine": engine, "experiment": setup.config.model_dump()}, indent=1))
+    setup.prepared.save_assets(run_dir)
 
     eval_sets = setup.prepared.eval_arrays
     sums_fn = jax.jit(task.metric_sums)

@@ -103,9 +103,7 @@ class LSTM(nn.Module):
         def step(carry, inp):
             hp, cp = carry
             z, m = inp
-            i, f, g, o = jnp.split(z + hp @ wh, 4, axis=-1)
-            c = jax.nn.sigmoid(f) * cp + jax.nn.sigmoid(i) * jnp.tanh(g)
-            hn = jax.nn.sigmoid(o) * jnp.tanh(c)
+            hn, c = lstm_cell(z, hp, cp, wh)
             m = m[:, None]
             c = m * c + (1 - m) * cp
             hn = m * hn + (1 - m) * hp
@@ -120,6 +118,13 @@ class LSTM(nn.Module):
         if self.reverse:
             hs = reverse_padded(hs, lengths)
         return hs
+
+
+def lstm_cell(z: jax.Array, h: jax.Array, c: jax.Array, wh: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """One LSTM step: ``z`` = x @ wi + b (gates i, f, g, o), previous state (h, c) -> new (h, c)."""
+    i, f, g, o = jnp.split(z + h @ wh, 4, axis=-1)
+    c = jax.nn.sigmoid(f) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    return jax.nn.sigmoid(o) * jnp.tanh(c), c
 
 
 def reverse_padded(x: jax.Array, lengths: jax.Array) -> jax.Array:

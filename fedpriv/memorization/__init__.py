@@ -1,0 +1,1 @@
+"""Memorization audits: canaries, Random Sampling, Beam Search, exposure, extraction."""
