@@ -131,9 +131,21 @@ def config_check(
     path: Path = typer.Argument(..., help="An experiment TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
 ) -> None:
-    """Validate an experiment config: unknown keys and wrong types are refused by key path."""
+    """Validate an experiment config (or an experiment with [[runs]], every run resolved):
+    unknown keys and wrong types are refused by key path."""
+    import tomllib
+
     from fedpriv.config import load_config
 
+    if path.suffix == ".toml" and path.is_file() and "runs" in tomllib.loads(path.read_text(encoding="utf-8")):
+        from fedpriv.report.grid import load_experiment
+
+        name, specs = load_experiment(path)
+        if as_json:
+            print(json.dumps({"name": name, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}, indent=2))
+        else:
+            out.print(f"{path}: ok (experiment {name!r}, {len(specs)} runs: {', '.join(s.name for s in specs)})")
+        return
     cfg = load_config(path)
     if as_json:
         print(json.dumps(cfg.model_dump(), indent=2))
@@ -208,7 +220,7 @@ def train_federated_cmd(
 @app.command("run")
 def run_cmd(
     experiment: Path = typer.Argument(..., help="Experiment TOML with [[runs]] (see experiments/demo.toml)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes."),
     set_: list[str] = typer.Option([], "--set", help="Override an experiment key, KEY=VALUE (repeatable), e.g. --set data.source=Posts.xml."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
@@ -218,7 +230,7 @@ def run_cmd(
     from fedpriv.report.store import run_experiment
 
     say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
-    store, summaries, complete = run_experiment(experiment, out, parse_options(set_), stop_after, say)
+    store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_), stop_after, say)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -231,7 +243,7 @@ def run_cmd(
         out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}` again to resume ({store})")
         return
     if written is not None:
-        out.print((written / "comparison.md").read_text())
+        out.print((written / "comparison.md").read_text(), markup=False, highlight=False)
         out.print(f"report: {written}")
 
 
@@ -243,7 +255,7 @@ def report_cmd(
     from fedpriv.report.tables import write_report
 
     written = write_report(store)
-    out.print((written / "comparison.md").read_text())
+    out.print((written / "comparison.md").read_text(), markup=False, highlight=False)
     out.print(f"report: {written}")
 
 
@@ -291,24 +303,13 @@ def _print_audit(report: dict) -> None:
 
 @app.command("demo")
 def demo(
-    config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment config to run."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/demo)."),
+    config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment to run."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
 ) -> None:
-    """Run the main job on the bundled data (today: central NWP training on Shakespeare with planted
-    canaries, held-out speakers, then the memorization audit)."""
-    summary = _train_central(config, out, as_json)
-    report = None
-    if "canaries" in summary:
-        from fedpriv.memorization.audit import audit_run
-
-        report = audit_run(summary["run_dir"], log=None if as_json else (lambda m: err.print(m, markup=False, highlight=False)))
-    if as_json:
-        print(json.dumps({**summary, "audit": report["summary"] if report else None}, indent=2))
-        return
-    _print_summary(f"experiment {summary['experiment']}", summary)
-    if report is not None:
-        _print_audit(report)
+    """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
+    on the bundled Shakespeare) and its report."""
+    run_cmd(config, out_dir, [], True, as_json, None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,12 +3,13 @@
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from fedpriv.cli import main
 
-SUBCOMMANDS = [[], ["data"], ["data", "inspect"], ["config"], ["config", "check"], ["demo"], ["privacy"], ["privacy", "epsilon"], ["privacy", "calibrate"], ["privacy", "batch-sweep"], ["vocab"], ["vocab", "build"], ["train"], ["train", "central"]]
+SUBCOMMANDS = [[], ["data"], ["data", "inspect"], ["config"], ["config", "check"], ["demo"], ["privacy"], ["privacy", "epsilon"], ["privacy", "calibrate"], ["privacy", "batch-sweep"], ["vocab"], ["vocab", "build"], ["train"], ["train", "central"], ["train", "federated"], ["run"], ["report"], ["audit"]]
 
 
 @pytest.mark.parametrize("args", SUBCOMMANDS, ids=lambda a: " ".join(a) or "root")
@@ -80,18 +81,24 @@ def test_installed_command_prints_no_traceback(tmp_path):
     assert ok.returncode == 0 and ok.stdout.startswith("fedpriv ")
 
 
+@pytest.mark.slow
 def test_config_check_and_demo(capsys, tmp_path):
     assert main(["config", "check", "experiments/demo.toml"]) == 0
-    assert "ok" in capsys.readouterr().out
-    # The demo's own config, shortened: the same command path, a fraction of the steps.
-    text = open("experiments/demo.toml").read().replace('model = "small"', 'model = "tiny"').replace("epochs = 3", "steps = 30").replace("rs_candidates = 100000", "rs_candidates = 500")
+    assert "ok (experiment 'demo', 7 runs" in capsys.readouterr().out
+    # The demo's own experiment, shortened: the same command path, a fraction of the steps.
+    text = open("experiments/demo.toml").read()
+    for old, new in [("steps = 1500", "steps = 20"), ("steps = 300", "steps = 10"), ("rounds = 150", "rounds = 2"), ("rounds = 60", "rounds = 2"), ("rs_candidates = 20000", "rs_candidates = 300"), ("extraction_examples = 300", "extraction_examples = 20")]:
+        assert old in text
+        text = text.replace(old, new)
     cfg = tmp_path / "demo.toml"
     cfg.write_text(text)
-    assert main(["demo", "--json", "--config", str(cfg), "--out", str(tmp_path / "run")]) == 0
-    summary = json.loads(capsys.readouterr().out)
-    assert summary["train_users"] + summary["heldout_users"] == 299
-    assert summary["train_examples"] + summary["heldout_examples"] == 12625
-    assert summary["vocab_size_with_specials"] == 10_004
-    assert summary["steps"] == 30 and summary["final_perplexity"] > 0 and summary["heldout_unigram_perplexity"] > 0
-    assert summary["canaries"] == 18 and summary["audit"]["total"]["canaries"] == 18
-    assert (tmp_path / "run" / "audit.md").is_file() and (tmp_path / "run" / "canaries.json").is_file()
+    assert main(["demo", "--json", "--config", str(cfg), "--out", str(tmp_path / "store")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["complete"] and len(result["runs"]) == 7
+    sgd = result["runs"][0]
+    assert sgd["name"] == "sgd-iid" and sgd["steps"] == 20 and sgd["eval_perplexity"] > 0
+    assert sgd["audit"]["total"]["canaries"] == 18
+    report = Path(result["report"])
+    assert (report / "comparison.md").is_file() and (report / "comparison.csv").is_file()
+    assert main(["demo", "--config", str(cfg), "--out", str(tmp_path / "store")]) == 0  # all runs skipped
+    assert "| dp-sgd-iid |" in capsys.readouterr().out

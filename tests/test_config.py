@@ -6,9 +6,11 @@ from fedpriv.config import load_config, validate_config
 from fedpriv.errors import ConfigError
 
 
-def test_demo_config_is_valid():
-    cfg = load_config("experiments/demo.toml")
-    assert cfg.name == "demo" and cfg.data.source == "shakespeare" and cfg.vocab.size == 10_000
+def test_demo_experiment_is_valid():
+    from fedpriv.report.grid import load_experiment
+
+    name, specs = load_experiment("experiments/demo.toml")
+    assert name == "demo" and all(s.config.data.source == "shakespeare" and s.config.vocab.size == 2000 for s in specs)
 
 
 def test_defaults():

@@ -1,0 +1,1 @@
+"""Experiment runs (grids over one planted corpus), the run store, and the comparison report."""

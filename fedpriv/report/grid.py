@@ -1,0 +1,148 @@
+"""Experiment definitions: one planted corpus, a grid of trainings over it.
+
+An experiment file is an experiment config (``[data]``, ``[vocab]``, ``[task]``, ``[canaries]``,
+``[audit]``, and defaults in ``[training]``, ``[privacy]``, ``[federated]``) plus ``[[runs]]``::
+
+    [[runs]]
+    name = "sgd-{order}"                  # {key} takes the grid value of that key's last part
+    kind = "central"                      # or "federated"
+    training = { batch_size = 32 }        # merged over the experiment's [training]
+    grid = { "training.order" = ["iid", "noniid"] }   # the cross product of the listed values
+
+    [[runs]]
+    name = "dp-fedavg"
+    kind = "federated"
+    users = "natural"                     # or "iid": planted records resharded over same-size users
+    federated = { strategy = "dp-fedavg", clip_norm = 0.5, target_epsilon = 10.0, delta = 1e-3 }
+
+Each run resolves to a full experiment config (validated like any other): a central run has no
+``[federated]`` section, a federated run no ``[privacy]`` (DP-SGD) section, and a run's
+``[privacy]`` exists only if the experiment or the run gives one. The experiment's ``name`` and
+``seed`` are every run's, so every run holds out the same users and plants the same canaries.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import os
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedpriv.config import ExperimentConfig, validate_config
+from fedpriv.errors import ConfigError
+
+RUN_KEYS = {"name", "kind", "users", "training", "privacy", "federated", "audit", "grid"}
+SECTIONS = ("training", "privacy", "federated", "audit")
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training of the grid, resolved."""
+
+    name: str
+    kind: str  # "central" | "federated"
+    config: ExperimentConfig
+
+    @property
+    def raw(self) -> dict[str, Any]:
+        return self.config.model_dump()
+
+
+def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"grid key {dotted!r}: {p!r} is not a table")
+    d[parts[-1]] = value
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def _expand_run(entry: dict[str, Any], where: str) -> list[dict[str, Any]]:
+    """The grid's cross product of one ``[[runs]]`` entry, names filled in."""
+    unknown = set(entry) - RUN_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key {sorted(unknown)[0]!r} (a run takes {', '.join(sorted(RUN_KEYS))})")
+    grid = entry.get("grid", {})
+    if not isinstance(grid, dict) or any(not isinstance(v, list) or not v for v in grid.values()):
+        raise ConfigError(f"{where}: grid must map dotted keys to non-empty lists")
+    base = {k: v for k, v in entry.items() if k != "grid"}
+    out = []
+    for values in itertools.product(*grid.values()) if grid else [()]:
+        run = copy.deepcopy(base)
+        fill: dict[str, Any] = {}
+        for key, value in zip(grid, values):
+            _set_path(run, key, value)
+            fill[key.split(".")[-1]] = value
+        name = str(run.get("name", ""))
+        try:
+            run["name"] = name.format(**fill) if "{" in name else (name + "".join(f"-{v}" for v in values))
+        except (KeyError, IndexError) as e:
+            raise ConfigError(f"{where}: name {name!r} refers to {e}, which is not a grid key") from None
+        out.append(run)
+    return out
+
+
+def expand_experiment(raw: dict[str, Any], origin: str = "experiment") -> list[RunSpec]:
+    """Every run of a parsed experiment file, validated (see the module docstring)."""
+    entries = raw.get("runs")
+    if not isinstance(entries, list) or not entries:
+        raise ConfigError(f"{origin}: an experiment needs at least one [[runs]] entry")
+    base = {k: v for k, v in raw.items() if k != "runs"}
+    specs: list[RunSpec] = []
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise ConfigError(f"{origin}: runs[{i}] must be a table")
+        for run in _expand_run(entry, f"{origin}: runs[{i}]"):
+            name, kind = run.get("name"), run.get("kind")
+            where = f"{origin}: run {name!r}"
+            if not isinstance(name, str) or not _NAME.match(name):
+                raise ConfigError(f"{origin}: runs[{i}]: name {name!r} must be letters, digits and _.=+- (it names a directory)")
+            if kind not in ("central", "federated"):
+                raise ConfigError(f"{where}: kind must be 'central' or 'federated', got {kind!r}")
+            merged = copy.deepcopy(base)
+            for section in SECTIONS:
+                if section in run:
+                    merged[section] = _merge(merged.get(section, {}), run[section])
+            if "users" in run:
+                merged.setdefault("data", {})["users"] = run["users"]
+            if kind == "central":
+                merged.pop("federated", None)
+            else:
+                merged.pop("privacy", None)
+                if "federated" not in merged:
+                    raise ConfigError(f"{where}: a federated run needs a [federated] section (in the experiment or the run)")
+            specs.append(RunSpec(name, kind, validate_config(merged, where)))
+    names = [s.name for s in specs]
+    dup = next((n for n in names if names.count(n) > 1), None)
+    if dup is not None:
+        raise ConfigError(f"{origin}: two runs are named {dup!r}")
+    return specs
+
+
+def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> tuple[str, list[RunSpec]]:
+    """(experiment name, runs) of an experiment TOML file; ``overrides`` (dotted key -> value, e.g.
+    ``{"data.source": "Posts.xml"}``) are applied to the experiment before expansion."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    for key, value in (overrides or {}).items():
+        _set_path(raw, key, value)
+    if "name" not in raw:
+        raise ConfigError(f"{path}: an experiment needs a name")
+    return str(raw["name"]), expand_experiment(raw, str(path))

@@ -1,0 +1,155 @@
+"""The report's PNG plots (matplotlib's Agg canvas: no display, no pyplot state, deterministic).
+
+Each function takes plain data and an output path, writes one PNG and returns the path. The data
+come from :mod:`fedpriv.report.tables`; units are stated per function.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+DPI = 100
+PRIVATE_COLORS = ["#000000", "#555555", "#2b4c7e", "#1f7a4d", "#7a5c1f"]  # dark: DP runs
+PUBLIC_COLORS = ["#d62728", "#ff7f0e", "#e377c2", "#bcbd22", "#8c564b"]  # warm: non-private runs
+SERIES_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def _save(fig: Figure, path: str | os.PathLike[str]) -> Path:
+    """Write ``fig`` as PNG with fixed metadata (no date), so the same data give the same bytes."""
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, format="png", dpi=DPI, metadata={"Software": None})
+    return path
+
+
+def _log_axis(axis: Any) -> None:
+    """Log-scale ticks at 1, 2 and 5 times powers of ten, labelled as plain numbers (no minor labels)."""
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _color(i: int, private: bool) -> str:
+    palette = PRIVATE_COLORS if private else PUBLIC_COLORS
+    return palette[i % len(palette)]
+
+
+def plot_memorized_by_configuration(configurations: Sequence[str], runs: Sequence[str], counts: Sequence[Sequence[int]], path: str | os.PathLike[str]) -> Path:
+    """Grouped bars: for each configuration (x), one bar per run of the number of RS-memorized
+    canaries (y, a count). ``counts[i][j]`` is run i's count in configuration j."""
+    fig = _figure(max(6.0, 1.1 * len(configurations) + 2), 4.5)
+    ax = fig.add_subplot()
+    n = max(1, len(runs))
+    width = 0.8 / n
+    for i, (run, row) in enumerate(zip(runs, counts)):
+        xs = [j - 0.4 + width * (i + 0.5) for j in range(len(configurations))]
+        ax.bar(xs, row, width, label=run, color=SERIES_COLORS[i % len(SERIES_COLORS)])
+    ax.set_xticks(range(len(configurations)), [c.replace(" p_e", "\np_e") for c in configurations], fontsize=8)
+    ax.set_ylabel("RS-memorized canaries")
+    ax.set_xlabel("canary configuration")
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    ax.set_title("Canaries memorized (Random Sampling) by configuration")
+    if runs:
+        ax.legend(fontsize=8, ncols=2)
+    return _save(fig, path)
+
+
+def plot_exposure_vs_insertions(series: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Per-canary exposure (bits, y) against its number of insertions in the training data + 1
+    (x, log scale), one marker series per run; private runs (``private`` true) in dark colours and
+    circles with solid lines, non-private runs in warm colours and crosses with dashed lines, the
+    lines joining the mean exposure per insertion count (Hoory et al. 2021, Figure 2).
+    Each series: {run, private, epsilon, insertions: [int], exposure: [bits]}."""
+    fig = _figure(7.0, 4.5)
+    ax = fig.add_subplot()
+    counters = {True: 0, False: 0}
+    for s in series:
+        private = bool(s["private"])
+        color = _color(counters[private], private)
+        counters[private] += 1
+        xs = [i + 1 for i in s["insertions"]]
+        label = f"{s['run']} (ε = {s['epsilon']:.3g})" if private else f"{s['run']} (not private)"
+        ax.scatter(xs, s["exposure"], marker="o" if private else "x", color=color, label=label, s=28, zorder=3)
+        by_x: dict[int, list[float]] = {}
+        for x, e in zip(xs, s["exposure"]):
+            by_x.setdefault(x, []).append(e)
+        line_x = sorted(by_x)
+        ax.plot(line_x, [sum(by_x[x]) / len(by_x[x]) for x in line_x], color=color, linestyle="-" if private else "--", linewidth=1)
+    ax.set_xscale("log")
+    _log_axis(ax.xaxis)
+    ax.set_xlabel("insertions of the canary + 1 (log scale)")
+    ax.set_ylabel("exposure (bits)")
+    ax.set_title("Canary exposure against insertions: dark = DP, warm = not private")
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_epsilon_vs_parameters(curves: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """One row of panels per DP run (Hoory et al. 2021, Figure 1): epsilon (y; log scale when it
+    spans more than a decade) against
+    the noise multiplier, the epochs (central) or rounds (federated), and the batch size or users
+    per round, each with the other parameters held at the run's; the run's own point starred.
+    Each curve: {run, delta, accountant, epsilon, panels: [{label, x, epsilon, own, log_x}]}
+    as :func:`fedpriv.report.tables.epsilon_curves` returns."""
+    cols = max(len(c["panels"]) for c in curves)
+    fig = _figure(4.2 * cols, 3.4 * len(curves))
+    for i, c in enumerate(curves):
+        for j, p in enumerate(c["panels"]):
+            ax = fig.add_subplot(len(curves), cols, i * cols + j + 1)
+            pts = [(x, e) for x, e in zip(p["x"], p["epsilon"]) if math.isfinite(e) and e > 0]
+            ax.plot([x for x, _ in pts], [e for _, e in pts], color="#d62728", marker=".")
+            ax.plot([p["own"]], [c["epsilon"]], marker="*", markersize=14, color="#000000", linestyle="none", label=f"{c['run']}: ε = {c['epsilon']:.3g}")
+            if p.get("log_x"):
+                ax.set_xscale("log")
+                _log_axis(ax.xaxis)
+            ys = [e for _, e in pts] + [c["epsilon"]]
+            if max(ys) > 10 * min(ys):  # log y only when epsilon spans more than a decade
+                ax.set_yscale("log")
+                _log_axis(ax.yaxis)
+            ax.set_xlabel(p["label"])
+            ax.set_ylabel(f"ε at δ = {c['delta']:.3g}")
+            ax.grid(True, which="major", alpha=0.3)
+            if j == 0:
+                ax.set_title(f"{c['run']} ({c['accountant'].upper()})", fontsize=10, loc="left")
+                ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_utility_vs_epsilon(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Held-out accuracy (y, %) against epsilon (x, log scale), one point per run; runs without
+    epsilon are drawn at the right edge, past a dashed line, at the tick 'not private'.
+    Each point: {run, epsilon (None when not private), accuracy (a fraction)}."""
+    fig = _figure(7.0, 4.5)
+    ax = fig.add_subplot()
+    eps = [p["epsilon"] for p in points if p["epsilon"] is not None and p["epsilon"] > 0]
+    lo, hi = (min(eps), max(eps)) if eps else (1.0, 1.0)
+    edge = hi * 10 ** max(0.5, 0.25 * math.log10(hi / lo))  # "not private" column, right of every epsilon
+    for k, p in enumerate(points):
+        private = p["epsilon"] is not None and p["epsilon"] > 0
+        x = p["epsilon"] if private else edge
+        ax.scatter([x], [100 * p["accuracy"]], marker="o" if private else "x", s=40, color=SERIES_COLORS[k % len(SERIES_COLORS)], label=p["run"], zorder=3)
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
+    ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
+    ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if eps else []
+    ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
+    ax.minorticks_off()
+    ax.set_xlabel("ε (log scale)")
+    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_title("Utility against privacy")
+    ax.legend(fontsize=8)
+    return _save(fig, path)

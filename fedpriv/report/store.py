@@ -1,0 +1,161 @@
+"""``fedpriv run EXPERIMENT.toml``: train and audit every run of an experiment into a run store.
+
+Store layout (default ``runs/NAME``)::
+
+    experiment.json        the expanded grid: every run's name, kind and resolved config
+    <run>/run-config.json  the run's resolved experiment config (what the Flower apps read too)
+    <run>/config.json, metrics.jsonl, checkpoint*, params.msgpack, privacy ledger, canaries.json
+    <run>/audit.json, audit.md
+    <run>/summary.json     written last: the run is complete
+
+Runs go in file order. A run with ``summary.json`` is skipped; a run with final parameters but no
+summary is audited; any other run trains, resuming from its last checkpoint (the trainers resume
+exactly, so an interrupted store ends with the same numbers as an uninterrupted one). The data is
+prepared once per distinct (data, vocab, task, canaries) setting and shared by the runs that use it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from fedpriv.errors import FedprivError
+from fedpriv.jsonio import write_json_atomic
+from fedpriv.pipeline import Prepared, prepare
+from fedpriv.report.grid import RunSpec, load_experiment
+
+EXPERIMENT_FILE, RUN_CONFIG, SUMMARY_FILE = "experiment.json", "run-config.json", "summary.json"
+
+
+def _data_key(spec: RunSpec) -> str:
+    c = spec.config
+    return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None], sort_keys=True)
+
+
+def run_summary(spec: RunSpec, run_dir: Path, seconds: float | None) -> dict[str, Any]:
+    """What the report needs about a finished run, read back from its files: the last evaluation,
+    the last epsilon with its guarantee, and the audit summary."""
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    train = [r for r in rows if r.get("split") == "train"]
+    evals = [r for r in rows if r.get("split") not in (None, "train")]
+    c = spec.config
+    out: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "users": c.data.users}
+    if spec.kind == "central":
+        out.update(algorithm="DP-SGD" if c.privacy else "SGD", order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
+        if c.privacy:
+            out.update(noise_multiplier_config=c.privacy.noise_multiplier, clip_norm=c.privacy.clip_norm)
+    else:
+        f = c.federated
+        label = {"fedavg": "FedAvg", "fedavg-clip": "FedAvg+Clip", "dp-fedavg": "DP-FedAvg"}[f.strategy]
+        out.update(algorithm=label, clients_per_round=f.clients_per_round, rounds=train[-1]["round"] if train else 0, engine=f.engine)
+        if f.clip_norm is not None:
+            out["clip_norm"] = f.clip_norm
+    if train and train[-1].get("epsilon") is not None:  # DP runs only; the ledger has the rest
+        out.update({k: train[-1][k] for k in ("epsilon", "delta", "guarantee")})
+    if evals:
+        last_eval = evals[-1]
+        out["eval_split"] = last_eval["split"]
+        out.update({f"eval_{k}": v for k, v in last_eval.items() if k not in ("split", "step", "round", "epoch")})
+    audit_path = run_dir / "audit.json"
+    if audit_path.is_file():
+        out["audit"] = json.loads(audit_path.read_text())["summary"]
+    if seconds is not None:
+        out["seconds"] = seconds
+    return out
+
+
+def _train(spec: RunSpec, prepared: Prepared, run_dir: Path, stop_after: int | None, log: Callable[[str], None]) -> bool:
+    """Train (or resume) one run; True when it finished (final parameters written).
+    ``stop_after`` counts steps or rounds from where this call starts (the last checkpoint)."""
+    if stop_after is not None and (run_dir / "checkpoint.json").is_file():
+        stop_after += int(json.loads((run_dir / "checkpoint.json").read_text())["step"])
+    if spec.kind == "central":
+        from fedpriv.central.run import run_central
+
+        run_central(prepared, run_dir, stop_after=stop_after, log=log)
+    elif spec.config.federated.engine == "flower":
+        from fedpriv.engines.flower_sim import run_flower_simulation
+
+        run_flower_simulation(run_dir / RUN_CONFIG, run_dir, stop_after, log)
+    else:
+        from fedpriv.engines.vectorized import run_vectorized
+
+        run_vectorized(prepared, run_dir, stop_after, log)
+    return (run_dir / "params.msgpack").is_file()
+
+
+def check_store(store: Path, name: str, specs: list[RunSpec]) -> None:
+    """Refuse a store that holds another experiment, or a run whose config changed."""
+    path = store / EXPERIMENT_FILE
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text())
+    if old.get("name") != name:
+        raise FedprivError(f"{store} holds experiment {old.get('name')!r}, not {name!r}; use another --out")
+    before = {r["name"]: r["config"] for r in old.get("runs", [])}
+    for s in specs:
+        if s.name in before and before[s.name] != s.raw and (store / s.name).exists():
+            raise FedprivError(f"{store / s.name}: the run's config changed since it was started; delete that directory or use another --out")
+
+
+def run_experiment(
+    path: str | os.PathLike[str],
+    store: str | os.PathLike[str] | None = None,
+    overrides: dict[str, Any] | None = None,
+    stop_after: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> tuple[Path, list[dict[str, Any]], bool]:
+    """Train and audit every run (see the module docstring). ``stop_after``: stop the first run
+    that trains once it has done this many more steps or rounds, with a checkpoint (a kill).
+    Returns (store, summaries of the finished runs, whether every run finished)."""
+    from fedpriv.memorization.audit import audit_run
+
+    say = log or (lambda _m: None)
+    name, specs = load_experiment(path, overrides)
+    store = Path(store) if store is not None else Path("runs") / name
+    store.mkdir(parents=True, exist_ok=True)
+    check_store(store, name, specs)
+    write_json_atomic(store / EXPERIMENT_FILE, {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]})
+    prepared_by_key: dict[str, Prepared] = {}
+    summaries: list[dict[str, Any]] = []
+    t_all = time.perf_counter()
+    trained = 0
+    for i, spec in enumerate(specs):
+        run_dir = store / spec.name
+        tag = f"[run {i + 1}/{len(specs)} {spec.name}]"
+
+        def prefixed(m: str, tag: str = tag) -> None:
+            say(f"{tag} {m}")
+
+        if (run_dir / SUMMARY_FILE).is_file():
+            summaries.append(json.loads((run_dir / SUMMARY_FILE).read_text()))
+            say(f"{tag} complete, skipped")
+            continue
+        run_dir.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(run_dir / RUN_CONFIG, spec.raw)
+        key = _data_key(spec)
+        if key not in prepared_by_key:
+            prepared_by_key[key] = prepare(spec.config, prefixed)
+        prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
+        t0 = time.perf_counter()
+        if not (run_dir / "params.msgpack").is_file():
+            done = _train(spec, prepared, run_dir, stop_after, prefixed)
+            if not done:
+                say(f"{tag} stopped with a checkpoint; run the same command again to resume")
+                return store, summaries, False
+        if spec.config.canaries is not None and prepared.task.name in ("nwp", "mlm"):
+            audit_run(run_dir, log=prefixed, prepared=prepared)
+        summary = run_summary(spec, run_dir, time.perf_counter() - t0)
+        write_json_atomic(run_dir / SUMMARY_FILE, summary)
+        summaries.append(summary)
+        trained += 1
+        left = len(specs) - i - 1
+        if left:
+            per_run = (time.perf_counter() - t_all) / trained
+            say(f"{tag} done; {left} run(s) left, about {per_run * left / 60:.1f} min at this pace")
+    return store, summaries, True
