@@ -3,8 +3,7 @@
 The slow tests share one real run store, trained once per session (about a minute on 2 cores) by
 fedpriv.report.store.run_experiment from MINI_TOML: two SGD runs (iid, noniid order), DP-SGD,
 FedAvg over iid and natural users, DP-FedAvg. Under pytest-xdist the workers share that store
-(built under a lock by the first). Set FEDPRIV_TEST_REPORT_STORE to a store made from MINI_TOML
-to skip the training while developing. The fast tests use synthetic data only.
+(built under a lock by the first). The fast tests use synthetic data only.
 """
 
 from __future__ import annotations
@@ -102,9 +101,6 @@ def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A complete run store of MINI_TOML (trained once per session; never modified by tests)."""
-    given = os.environ.get("FEDPRIV_TEST_REPORT_STORE")
-    if given:
-        return Path(given)
     from fedpriv.report.store import run_experiment
 
     root = _shared_root(tmp_path_factory)
