@@ -205,6 +205,10 @@ def test_an_interrupted_store_resumes_to_the_same_results(uninterrupted, tmp_pat
     for name in want:
         assert got[name][:3] == want[name][:3], name
         assert _strip_times(got[name][3]) == _strip_times(want[name][3]), name
+    # and so the same comparison table
+    from fedpriv.report.tables import write_report
+
+    assert (write_report(store) / "comparison.csv").read_text() == (write_report(uninterrupted / "store") / "comparison.csv").read_text()
 
 
 @pytest.mark.slow
