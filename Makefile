@@ -26,6 +26,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/dp_vocab.py
 	$(PY) benchmarks/dpsgd_step.py --model all
 	$(PY) benchmarks/random_sampling.py
+	$(PY) benchmarks/local_privacy.py
 	$(PY) benchmarks/federated_engines.py --model tiny
 	$(PY) benchmarks/federated_engines.py --model small
 

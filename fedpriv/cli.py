@@ -11,7 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import click
 import typer
@@ -19,8 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from fedpriv import __version__
+from fedpriv.cli_options import parse_options
 from fedpriv.errors import FedprivError
 from fedpriv.privacy.cli import privacy_app
+from fedpriv.privacy.local.cli import privatize_app
 from fedpriv.vocab.cli import vocab_app
 
 app = typer.Typer(
@@ -38,23 +40,10 @@ app.add_typer(config_app, name="config")
 app.add_typer(privacy_app, name="privacy")
 app.add_typer(train_app, name="train")
 app.add_typer(vocab_app, name="vocab")
+app.add_typer(privatize_app)  # one command: fedpriv privatize
 
 out = Console()
 err = Console(stderr=True)
-
-
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs -> dict; VALUE is read as JSON when it parses (numbers, true, lists), else a string."""
-    options: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise FedprivError(f"--option {pair!r}: expected KEY=VALUE")
-        try:
-            options[key.strip()] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key.strip()] = value
-    return options
 
 
 def _version(value: bool) -> None:

@@ -69,7 +69,7 @@ def build(
     option: list[str] = typer.Option([], "--option", "-o", help="Loader option KEY=VALUE (repeatable), e.g. users=sentences:10."),
 ) -> None:
     """Build a vocabulary and print what it kept, what DP cost, and the guarantee."""
-    from fedpriv.cli import parse_options  # here, not at import: fedpriv.cli imports this module
+    from fedpriv.cli_options import parse_options
     from fedpriv.vocab.build import build_vocab
 
     report = build_vocab(

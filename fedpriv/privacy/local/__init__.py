@@ -1,0 +1,67 @@
+"""Local privacy: d_chi-privacy (metric DP) mechanisms that privatize each token before it leaves
+the user (Qu et al. 2021; Feyisetan et al. 2020; the Vickrey mechanism of Xu et al. 2021).
+
+* :mod:`~fedpriv.privacy.local.mechanisms`: noise, M_rep, M_txt, Vickrey, sequences;
+* :mod:`~fedpriv.privacy.local.embeddings`: the embedding space (a fedpriv NWP run, or GloVe text);
+* :mod:`~fedpriv.privacy.local.measure`: plausible deniability statistics and embedding inversion;
+* :mod:`~fedpriv.privacy.local.cli`: ``fedpriv privatize``.
+
+See docs/local_privacy.md.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+# Imported lazily (PEP 562), so `fedpriv --help` and the CLI's start do not load JAX.
+_WHERE = {
+    "EmbeddingSpace": "embeddings",
+    "load_embeddings": "embeddings",
+    "load_glove": "embeddings",
+    "load_run_embeddings": "embeddings",
+    "TokenIndex": "mechanisms",
+    "guarantee_note": "mechanisms",
+    "nearest_tokens": "mechanisms",
+    "privatize_representations": "mechanisms",
+    "privatize_streams": "mechanisms",
+    "privatize_text": "mechanisms",
+    "privatize_tokens": "mechanisms",
+    "sample_noise": "mechanisms",
+    "vickrey_probabilities": "mechanisms",
+    "vickrey_select": "mechanisms",
+    "vickrey_tokens": "mechanisms",
+    "corpus_words": "measure",
+    "plausible_deniability": "measure",
+    "plot_deniability": "measure",
+    "token_inversion": "measure",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"fedpriv.privacy.local.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "EmbeddingSpace",
+    "TokenIndex",
+    "corpus_words",
+    "guarantee_note",
+    "load_embeddings",
+    "load_glove",
+    "load_run_embeddings",
+    "nearest_tokens",
+    "plausible_deniability",
+    "plot_deniability",
+    "privatize_representations",
+    "privatize_streams",
+    "privatize_text",
+    "privatize_tokens",
+    "sample_noise",
+    "token_inversion",
+    "vickrey_probabilities",
+    "vickrey_select",
+    "vickrey_tokens",
+]

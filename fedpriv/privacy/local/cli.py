@@ -1,0 +1,252 @@
+"""``fedpriv privatize SOURCE ...``: write a locally privatized copy of a text corpus.
+
+Every word of every example is replaced by M_txt (nearest token to its noised embedding) or the
+Vickrey mechanism, user by user; the result is a JSON Lines table (``user_id``, ``text``, and
+``timestamp`` where the source has one) that ``open_corpus(PATH)`` reads back with the same users
+and example counts, plus a sidecar ``PATH.privacy.json`` stating the mechanism, its parameters,
+the embeddings and the guarantee.
+
+Wired into the main CLI with ``app.add_typer(privatize_app)`` (no name: the command is
+``privatize`` itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from enum import Enum
+from pathlib import Path
+from typing import Any, Optional
+
+import typer
+
+from fedpriv.cli_options import parse_options
+from fedpriv.errors import FedprivError, PrivacyParameterError
+
+privatize_app = typer.Typer(help="Local d_chi-privacy: privatize a corpus word by word before it leaves the user.", no_args_is_help=True)
+
+SIDECAR_SUFFIX = ".privacy.json"
+SIDECAR_FORMAT = "fedpriv-privatized-corpus"
+
+
+class Mech(str, Enum):
+    rep = "rep"
+    txt = "txt"
+    vickrey = "vickrey"
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def sidecar_path(out: str | os.PathLike[str]) -> Path:
+    """``privatized.jsonl`` -> ``privatized.privacy.json``."""
+    p = Path(out)
+    return p.with_name(p.stem + SIDECAR_SUFFIX)
+
+
+def check_parameters(mechanism: str, eta: float, t: Optional[float], k: int) -> Optional[float]:
+    """Refuse what cannot produce a privatized corpus, before any work; the Vickrey t to use."""
+    from fedpriv.privacy.local.mechanisms import check_eta, check_t
+
+    if mechanism == "rep":
+        raise PrivacyParameterError(
+            "--mechanism rep adds noise to embeddings (M_rep) and outputs vectors, not words: it belongs inside a "
+            "training pipeline (fedpriv.privacy.local.mechanisms.privatize_representations). To write a corpus use "
+            "--mechanism txt (nearest word to the noised embedding) or vickrey"
+        )
+    check_eta(eta)
+    if mechanism == "txt":
+        if t is not None:
+            raise PrivacyParameterError("--t is the Vickrey tuning parameter: use it with --mechanism vickrey (txt is t = 0)")
+        return None
+    if t is None:
+        raise PrivacyParameterError("--mechanism vickrey needs --t in [0, 1] (0 = txt; larger favours the second nearest word)")
+    tv = check_t(t)
+    if k < 2:
+        raise PrivacyParameterError(f"--k must be >= 2 for the Vickrey mechanism, got {k}")
+    return tv
+
+
+def privatize_corpus(
+    source: str,
+    embeddings: str | os.PathLike[str],
+    mechanism: str,
+    eta: float,
+    out: str | os.PathLike[str],
+    t: Optional[float] = None,
+    k: int = 2,
+    seed: int = 0,
+    format: Optional[str] = None,
+    options: Optional[dict[str, Any]] = None,
+    max_words: Optional[int] = None,
+    batch_tokens: int = 8192,
+    progress_every: int = 1000,
+    log: Any = None,
+) -> dict[str, Any]:
+    """Write the privatized corpus and its sidecar; return the sidecar's content.
+
+    Keys: user number i (in the corpus's user order) privatizes with ``fold_in(key(seed), i)``,
+    its token j (counting over its examples in order) with ``fold_in(that, j)``; so a user's output
+    depends only on the seed, its position and its own words, not on ``batch_tokens``."""
+    import jax
+    import numpy as np
+
+    from fedpriv import __version__
+    from fedpriv.data.sources import open_corpus
+    from fedpriv.privacy.local.embeddings import load_embeddings
+    from fedpriv.privacy.local.mechanisms import guarantee_note, privatize_streams
+
+    say = log or _say
+    tv = check_parameters(mechanism, eta, t, k)
+    out = Path(out)
+    if out.suffix.lower() != ".jsonl":
+        raise FedprivError(f"--out {out}: the privatized corpus is JSON Lines; name it *.jsonl (so open_corpus reads it back)")
+    if not out.parent.is_dir():
+        raise FedprivError(f"--out {out}: the directory {out.parent} does not exist")
+    src = Path(source)
+    if src.exists() and src.resolve() == out.resolve():
+        raise FedprivError(f"--out {out} is the source itself")
+    if not 1 <= batch_tokens <= 65536 or progress_every < 1:
+        raise FedprivError("--batch-tokens must be in [1, 65536] and --progress-every >= 1")
+
+    t0 = time.perf_counter()
+    space = load_embeddings(embeddings, max_words, say)
+    say(f"embeddings: {space.source}: {len(space):,} rows of dimension {space.dim}, {space.allowed.size:,} words may be output")
+    corpus = open_corpus(source, format=format, **(options or {}))
+    if corpus.kind != "text":
+        raise FedprivError(f"{source}: holds {corpus.kind} (NER) examples; privatize handles text corpora (next-word prediction data)")
+    index = space.index()
+    root = jax.random.key(seed)
+    total_users = corpus.num_users
+    say(f"privatizing {total_users:,} users of {corpus.name} with {mechanism} at eta = {eta:g}" + (f", t = {tv:g}, k = {k}" if tv is not None else ""))
+
+    stats = {"users": 0, "examples": 0, "tokens": 0, "changed": 0, "oov": 0, "done": 0}
+    tmp = out.with_name(out.name + ".partial")
+    pending: list[tuple[int, str, list]] = []
+    pending_tokens = 0
+
+    def flush(f: Any) -> None:
+        nonlocal pending, pending_tokens
+        if not pending:
+            return
+        streams, positions, ids = [], [], []
+        for ui, _u, exs in pending:
+            n = sum(len(ex.words()) for ex in exs)
+            streams.append(np.full(n, ui, np.uint32))
+            positions.append(np.arange(n, dtype=np.uint32))
+            ids.append(space.ids(w for ex in exs for w in ex.words()))
+        flat_ids = np.concatenate(ids)
+        flat_streams, flat_positions = np.concatenate(streams), np.concatenate(positions)
+        # Exactly batch_tokens per call (the last one padded): one program shape, compiled once.
+        new = np.empty_like(flat_ids)
+        for s in range(0, flat_ids.size, batch_tokens):
+            e = min(s + batch_tokens, flat_ids.size)
+            pad = batch_tokens - (e - s)
+            part = [np.concatenate([a[s:e], np.full(pad, fill, a.dtype)]) for a, fill in ((flat_streams, 0), (flat_positions, 0), (flat_ids, space.oov_id))]
+            new[s:e] = privatize_streams(root, part[0], part[1], part[2], index, eta, mechanism, tv, k)[: e - s]
+        stats["done"] += int(flat_ids.size)
+        stats["changed"] += int(np.sum(new != flat_ids))
+        stats["oov"] += int(np.sum(flat_ids == space.oov_id))
+        words = space.words
+        at = 0
+        for _ui, u, exs in pending:
+            for ex in exs:
+                n = len(ex.words())
+                row: dict[str, Any] = {"user_id": u, "text": " ".join(words[i] for i in new[at : at + n])}
+                if ex.timestamp is not None:
+                    row["timestamp"] = ex.timestamp
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                at += n
+        pending, pending_tokens = [], 0
+
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for ui, (u, exs) in enumerate(corpus.users()):
+                if ui >= 2**32:
+                    raise FedprivError("more than 2**32 users")
+                n = sum(len(ex.words()) for ex in exs)
+                pending.append((ui, u, exs))
+                pending_tokens += n
+                stats["users"] += 1
+                stats["examples"] += len(exs)
+                stats["tokens"] += n
+                if pending_tokens >= batch_tokens:
+                    flush(f)
+                if stats["users"] % progress_every == 0:
+                    rate = stats["done"] / max(time.perf_counter() - t0, 1e-9)
+                    say(f"  {stats['users']:,}/{total_users:,} users read, {stats['done']:,} tokens privatized ({rate:,.0f} tokens/s)")
+            flush(f)
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+    seconds = time.perf_counter() - t0
+    meta = {
+        "format": SIDECAR_FORMAT,
+        "version": 1,
+        "fedpriv_version": __version__,
+        "corpus": str(out.name),
+        "source": str(source),
+        "source_options": options or {},
+        "mechanism": mechanism,
+        "eta": float(eta),
+        "t": tv,
+        "k": k if mechanism == "vickrey" else None,
+        "seed": seed,
+        "embeddings": {"spec": str(embeddings), **space.describe()},
+        "guarantee": guarantee_note(float(eta), mechanism),
+        "keys": "user i (corpus order) uses fold_in(jax.random.key(seed), i); its token j (over its examples in order) fold_in(that, j)",
+        "not_covered": "user ids, the number of examples per user, the number of words per example and timestamps are copied as they are",
+        "users": stats["users"],
+        "examples": stats["examples"],
+        "tokens": stats["tokens"],
+    }
+    side = sidecar_path(out)
+    tmp_side = side.with_name(side.name + ".partial")
+    tmp_side.write_text(json.dumps(meta, indent=1, ensure_ascii=False), encoding="utf-8")
+    os.replace(tmp_side, side)
+    frac = stats["changed"] / max(1, stats["tokens"])
+    say(
+        f"wrote {out} ({stats['users']:,} users, {stats['examples']:,} examples, {stats['tokens']:,} tokens; "
+        f"{frac:.1%} of tokens changed, {stats['oov']:,} out-of-vocabulary inputs) and {side} in {seconds:.1f} s"
+    )
+    return meta
+
+
+@privatize_app.command("privatize")
+def privatize_cmd(
+    source: str = typer.Argument(..., help="'shakespeare', a path (Posts.xml, *.jsonl, *.csv, ...), or 'synthetic:...'; text corpora only."),
+    embeddings: Path = typer.Option(..., "--embeddings", help="A trained NWP run directory, or a GloVe-style text file ('word v1 ... vd' per line)."),
+    mechanism: Mech = typer.Option(..., "--mechanism", help="txt: nearest word to the noised embedding (M_txt); vickrey: first or second nearest (Xu et al. 2021); rep: refused (outputs vectors)."),
+    eta: float = typer.Option(..., "--eta", help="Privacy parameter eta > 0 of eta·d_chi (per token, Euclidean distance between embeddings); smaller = more noise."),
+    out: Path = typer.Option(..., "--out", help="Output PATH.jsonl; the sidecar goes to PATH.privacy.json."),
+    t: Optional[float] = typer.Option(None, "--t", help="Vickrey tuning parameter in [0, 1]: P(second) = t·d1 / (t·d1 + (1-t)·d2). Required for vickrey."),
+    k: int = typer.Option(2, "--k", help="Vickrey candidates (k nearest words); 2 is Xu et al.'s mechanism."),
+    seed: int = typer.Option(0, "--seed", help="Seed of the jax.random key."),
+    format: Optional[str] = typer.Option(None, "--format", help="Override the source format guessed from the path."),
+    option: list[str] = typer.Option([], "--option", "-o", help="Loader option KEY=VALUE (repeatable), e.g. unit=turn."),
+    max_words: Optional[int] = typer.Option(None, "--max-words", min=1, help="GloVe: keep the first N vectors (the most frequent words)."),
+    batch_tokens: int = typer.Option(8192, "--batch-tokens", min=1, max=65536, help="Tokens privatized per call (does not change the output)."),
+    progress_every: int = typer.Option(1000, "--progress-every", min=1, help="Report progress on stderr every N users."),
+) -> None:
+    """Privatize every word of a text corpus with M_txt or the Vickrey mechanism (eta·d_chi per
+    token) and write it as JSON Lines that `fedpriv` reads back as a corpus."""
+    privatize_corpus(
+        source,
+        embeddings,
+        mechanism.value,
+        eta,
+        out,
+        t=t,
+        k=k,
+        seed=seed,
+        format=format,
+        options=parse_options(option),
+        max_words=max_words,
+        batch_tokens=batch_tokens,
+        progress_every=progress_every,
+    )
