@@ -19,6 +19,20 @@ def test_wnut17_sentences_and_entities(wnut_train):
     assert len(sents[0].tokens) == len(sents[0].tags)
 
 
+def test_wnut17_split_across_n_clients(wnut_train):
+    """clients:N deals sentence i to client i mod N: N users, sizes differing by at most one, every
+    sentence kept in order within its client."""
+    sents = [s for _, s in iter_sentences(wnut_train)]
+    for n in (2, 5, 20):
+        corpus = load_conll(wnut_train, users=f"clients:{n}")
+        assert corpus.num_users == n and corpus.num_examples == 3394
+        assert corpus.counts().max() - corpus.counts().min() <= 1
+        first = corpus.user_ids[0]
+        assert list(corpus.examples(first)) == sents[::n]
+    with pytest.raises(FedprivError, match="cannot make 4000 clients"):
+        load_conll(wnut_train, users="clients:4000")
+
+
 def test_ncbi_disease_loads_with_sentence_blocks(ncbi_train):
     c = load_conll(ncbi_train, users="sentences:25")
     n = sum(1 for _ in iter_sentences(ncbi_train))
@@ -81,7 +95,7 @@ def test_invalid_utf8_names_the_line(tmp_path):
 def test_bad_users_rule_and_empty_file(tmp_path):
     p = tmp_path / "x.conll"
     p.write_text("a\tO\n")
-    for rule in ("sentences:0", "sentences:x", "speaker"):
+    for rule in ("sentences:0", "sentences:x", "clients:0", "clients:two", "speaker"):
         with pytest.raises(FedprivError, match="users rule"):
             load_conll(p, users=rule)
     p.write_text("\n\n-DOCSTART- O\n\n")

@@ -222,3 +222,78 @@ def test_a_store_refuses_a_changed_run_or_another_experiment(uninterrupted, tmp_
     other.write_text(MINI.replace('name = "mini"', 'name = "other"'))
     with pytest.raises(FedprivError, match="holds experiment 'mini'"):
         run_experiment(other, store)
+
+
+NER_GRID = """
+name = "ner-grid"
+seed = 0
+[data]
+source = "tests/data/wnut17/wnut17train.conll"
+options = { users = "clients:5" }
+heldout_fraction = 0.0
+eval_source = "tests/data/wnut17/emerging.dev.conll"
+eval_options = { users = "sentences:50" }
+[task]
+kind = "ner"
+options = { head = "softmax", embed_dim = 16, hidden = 16, char_dim = 0 }
+[training]
+batch_size = 32
+steps = 8
+eval_every = 8
+checkpoint_every = 8
+[federated]
+rounds = 2
+clients_per_round = 5
+local_batch_size = 32
+max_local_steps = 2
+client_learning_rate = 0.5
+eval_every = 2
+
+[[runs]]
+name = "central"
+kind = "central"
+
+[[runs]]
+name = "fedavg-{users}"
+kind = "federated"
+grid = { "data.options.users" = ["clients:5"] }
+
+[[runs]]
+name = "fedavg-2"
+kind = "federated"
+data = { options = { users = "clients:2" } }
+federated = { clients_per_round = 2 }
+
+[[runs]]
+name = "fedavg-client-dp"
+kind = "federated"
+federated = { client_clip_norm = 1.0, client_noise_multiplier = 1.0, client_delta = 1e-5 }
+
+[[runs]]
+name = "dp-fedavg"
+kind = "federated"
+federated = { strategy = "dp-fedavg", clip_norm = 0.5, noise_multiplier = 1.0, delta = 0.01 }
+"""
+
+
+@pytest.mark.slow
+def test_a_ner_grid_over_n_clients_reports_entity_f1(tmp_path):
+    """NER under FL (Jana and Biemann 2021): per-run data overrides (2 or 5 clients), client-side
+    DP-SGD and DP-FedAvg through the same runner; no canaries, so no audit; F1 in the report."""
+    from fedpriv.report.tables import write_report
+
+    exp = tmp_path / "ner.toml"
+    exp.write_text(NER_GRID)
+    store, summaries, complete = run_experiment(exp, tmp_path / "store")
+    assert complete and [s["name"] for s in summaries] == ["central", "fedavg-clients5", "fedavg-2", "fedavg-client-dp", "dp-fedavg"]
+    assert all("audit" not in s and 0.0 <= s["eval_f1"] <= 1.0 for s in summaries)
+    assert "user-level" in summaries[-1]["guarantee"]
+    client_dp = summaries[3]
+    assert "epsilon" not in client_dp and client_dp["client_epsilon"] > 0 and "record-level" in client_dp["client_guarantee"]
+    exp_json = json.loads((store / "experiment.json").read_text())
+    assert [r["config"]["data"]["options"]["users"] for r in exp_json["runs"]] == ["clients:5", "clients:5", "clients:2", "clients:5", "clients:5"]
+    assert json.loads((store / "fedavg-2" / "summary.json").read_text())["clients_per_round"] == 2
+    md = (write_report(store) / "comparison.md").read_text()
+    assert "test entity F1 (%)" in md and "| dp-fedavg |" in md
+    client_row = next(line for line in md.splitlines() if line.startswith("| fedavg-client-dp |"))
+    assert "record-level" in client_row and "not private" not in client_row

@@ -27,6 +27,7 @@ from fedpriv.report.tables import (
     NOT_PRIVATE,
     PLOT_FILES,
     comparison_rows,
+    comparison_table_lines,
     configuration_rows,
     data_label,
     epsilon_curves,
@@ -275,6 +276,30 @@ def test_rows_are_pure_and_label_the_data():
     assert [r["assumptions"] for r in rows] == [NOT_PRIVATE, "user-level, replace-one", NOT_PRIVATE]
     assert (rows[1]["epsilon"], rows[1]["delta"]) == (2.5, 1e-5) and rows[2]["epsilon"] is None
     assert data_label({"kind": "federated", "users": "natural"}) == "non-IID"
+
+
+def test_client_side_dp_shows_its_record_level_epsilon():
+    runs = [{"name": n, "kind": "federated"} for n in ("client", "both")]
+    client = {"client_epsilon": 3.0, "client_delta": 1e-5, "client_guarantee": "record-level, add-or-remove-one example: 40 Gaussian steps"}
+    summaries = {
+        "client": _synthetic_summary("client", "federated", algorithm="FedAvg", clients_per_round=5, **client),
+        "both": _synthetic_summary("both", "federated", algorithm="DP-FedAvg", clients_per_round=5, epsilon=8.0, delta=1e-3, guarantee="user-level, replace-one", **client),
+    }
+    one, both = comparison_rows(runs, summaries)
+    assert (one["epsilon"], one["delta"]) == (3.0, 1e-5) and one["assumptions"].startswith("record-level")
+    assert (both["epsilon"], both["delta"]) == (8.0, 1e-3) and both["assumptions"].startswith("user-level") and "record-level" in both["assumptions"]
+
+
+def test_ner_runs_get_an_entity_f1_column():
+    runs = [{"name": "ner", "kind": "central"}, {"name": "nwp", "kind": "central"}]
+    summaries = {"ner": _synthetic_summary("ner", "central", algorithm="SGD", batch_size=32, eval_f1=0.4123), "nwp": _synthetic_summary("nwp", "central", algorithm="SGD", batch_size=32)}
+    rows = comparison_rows(runs, summaries)
+    assert [r["test_f1"] for r in rows] == [0.4123, None]
+    header, _, ner, nwp = comparison_table_lines(rows)
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    col = cells.index("test entity F1 (%)")
+    assert [c.strip() for c in ner.strip("|").split("|")][col] == "41.23" and [c.strip() for c in nwp.strip("|").split("|")][col] == "—"
+    assert "test entity F1 (%)" not in comparison_table_lines(rows[1:])[0]
 
 
 def test_configuration_rows_group_canaries_per_run():

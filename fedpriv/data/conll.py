@@ -8,6 +8,8 @@ How sentences become users (``users=``):
 
 * ``"document"``: one user per ``-DOCSTART-`` document (a file without any is one document);
 * ``"sentences:N"``: each run of N contiguous sentences is a user (the last may be shorter);
+* ``"clients:N"``: N users (clients), sentence i going to client i mod N, so every client gets
+  an even share of the file (the n-worker splits of Jana and Biemann 2021);
 * ``"mapping:PATH"``: a file with one user id per line, line i naming the user of sentence i
   (0-based, in file order); its line count must equal the number of sentences.
 
@@ -79,9 +81,17 @@ def _parse_users_rule(users: str) -> tuple[str, object]:
         if n < 1:
             raise FedprivError(f"users rule {users!r}: N in 'sentences:N' must be a positive integer")
         return "sentences", n
+    if users.startswith("clients:"):
+        try:
+            n = int(users.split(":", 1)[1])
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise FedprivError(f"users rule {users!r}: N in 'clients:N' must be a positive integer")
+        return "clients", n
     if users.startswith("mapping:"):
         return "mapping", Path(users.split(":", 1)[1])
-    raise FedprivError(f"users rule {users!r}: expected 'document', 'sentences:N' or 'mapping:PATH'")
+    raise FedprivError(f"users rule {users!r}: expected 'document', 'sentences:N', 'clients:N' or 'mapping:PATH'")
 
 
 def load_conll(path: str | os.PathLike[str], users: str = "sentences:10") -> FederatedCorpus:
@@ -99,6 +109,11 @@ def load_conll(path: str | os.PathLike[str], users: str = "sentences:10") -> Fed
     elif rule == "sentences":
         width = len(str((len(sentences) - 1) // arg))
         ids = [f"block-{i // arg:0{width}d}" for i in range(len(sentences))]
+    elif rule == "clients":
+        if arg > len(sentences):
+            raise FedprivError(f"{path}: {len(sentences)} sentences cannot make {arg} clients")
+        width = len(str(arg - 1))
+        ids = [f"client-{i % arg:0{width}d}" for i in range(len(sentences))]
     else:
         ids = _read_mapping(arg, len(sentences), path)
     return FederatedCorpus.from_stream(

@@ -15,6 +15,9 @@ An experiment file is an experiment config (``[data]``, ``[vocab]``, ``[task]``,
     users = "natural"                     # or "iid": planted records resharded over same-size users
     federated = { strategy = "dp-fedavg", clip_norm = 0.5, target_epsilon = 10.0, delta = 1e-3 }
 
+A run may also override ``data``, ``vocab`` and ``task`` (e.g. one experiment over two NER
+datasets); runs that share those settings share the prepared data, planted canaries included.
+
 Each run resolves to a full experiment config (validated like any other): a central run has no
 ``[federated]`` section, a federated run no ``[privacy]`` (DP-SGD) section, and a run's
 ``[privacy]`` exists only if the experiment or the run gives one. The experiment's ``name`` and
@@ -35,8 +38,8 @@ from typing import Any
 from fedpriv.config import ExperimentConfig, validate_config
 from fedpriv.errors import ConfigError
 
-RUN_KEYS = {"name", "kind", "users", "training", "privacy", "federated", "audit", "grid"}
-SECTIONS = ("training", "privacy", "federated", "audit")
+RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "audit", "grid"}
+SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "audit")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 
 
@@ -87,7 +90,8 @@ def _expand_run(entry: dict[str, Any], where: str) -> list[dict[str, Any]]:
             fill[key.split(".")[-1]] = value
         name = str(run.get("name", ""))
         try:
-            run["name"] = name.format(**fill) if "{" in name else (name + "".join(f"-{v}" for v in values))
+            filled = name.format(**fill) if "{" in name else (name + "".join(f"-{v}" for v in values))
+            run["name"] = re.sub(r"[^A-Za-z0-9_.=+-]", "", filled) if values else filled  # e.g. "clients:5" -> "clients5"
         except (KeyError, IndexError) as e:
             raise ConfigError(f"{where}: name {name!r} refers to {e}, which is not a grid key") from None
         out.append(run)

@@ -57,6 +57,8 @@ def run_summary(spec: RunSpec, run_dir: Path, seconds: float | None) -> dict[str
             out["clip_norm"] = f.clip_norm
     if train and train[-1].get("epsilon") is not None:  # DP runs only; the ledger has the rest
         out.update({k: train[-1][k] for k in ("epsilon", "delta", "guarantee")})
+    if train and train[-1].get("client_epsilon") is not None:  # client-side DP-SGD (record-level)
+        out.update({k: train[-1][k] for k in ("client_epsilon", "client_delta", "client_guarantee")})
     if evals:
         last_eval = evals[-1]
         out["eval_split"] = last_eval["split"]

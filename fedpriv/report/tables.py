@@ -49,7 +49,7 @@ PLOT_FILES = {
 # comparison.csv columns, in order (raw values; see comparison_rows)
 COMPARISON_COLUMNS = [
     "run", "training", "algorithm", "data", "batch", "batch_unit", "canaries", "rs_memorized", "bs_memorized",
-    "exposure_mean_bits", "exposure_max_bits", "test_accuracy", "test_perplexity", "epsilon", "delta", "assumptions",
+    "exposure_mean_bits", "exposure_max_bits", "test_accuracy", "test_perplexity", "test_f1", "epsilon", "delta", "assumptions",
 ]
 CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits"]
 
@@ -94,8 +94,23 @@ def read_store(store: Path) -> StoreContents:
 
 # ---- pure table builders --------------------------------------------------------------------------
 def is_private(summary: Mapping[str, Any]) -> bool:
-    """A run is private when its summary reports an epsilon (DP-SGD, DP-FedAvg)."""
-    return summary.get("epsilon") is not None
+    """A run is private when its summary reports an epsilon (DP-SGD, DP-FedAvg) or a record-level
+    client epsilon (federated with client-side DP-SGD)."""
+    return summary.get("epsilon") is not None or summary.get("client_epsilon") is not None
+
+
+def privacy_columns(summary: Mapping[str, Any]) -> tuple[float | None, float | None, str]:
+    """(epsilon, delta, assumptions) of a run: the user- or example-level guarantee of DP-SGD and
+    DP-FedAvg; for client-side DP-SGD alone, its record-level one; with both, the user-level
+    epsilon and both guarantees."""
+    if summary.get("epsilon") is not None:
+        text = summary.get("guarantee") or "DP, guarantee not recorded"
+        if summary.get("client_epsilon") is not None:
+            text += f"; and client-side DP-SGD: {summary.get('client_guarantee')}"
+        return summary["epsilon"], summary.get("delta"), text
+    if summary.get("client_epsilon") is not None:
+        return summary["client_epsilon"], summary.get("client_delta"), summary.get("client_guarantee") or "client-side DP-SGD"
+    return None, None, NOT_PRIVATE
 
 
 def data_label(summary: Mapping[str, Any]) -> str:
@@ -126,7 +141,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             continue
         total = (s.get("audit") or {}).get("total", {})
         batch, unit = batch_of(s)
-        private = is_private(s)
+        epsilon, delta, assumptions = privacy_columns(s)
         rows.append({
             "run": run["name"],
             "training": s.get("kind", run.get("kind")),
@@ -141,9 +156,10 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "exposure_max_bits": total.get("exposure_max"),
             "test_accuracy": s.get("eval_accuracy"),
             "test_perplexity": s.get("eval_perplexity"),
-            "epsilon": s.get("epsilon") if private else None,
-            "delta": s.get("delta") if private else None,
-            "assumptions": (s.get("guarantee") or "DP, guarantee not recorded") if private else NOT_PRIVATE,
+            "test_f1": s.get("eval_f1"),  # entity-level F1 of NER tasks
+            "epsilon": epsilon,
+            "delta": delta,
+            "assumptions": assumptions,
         })
     return rows
 
@@ -298,6 +314,10 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         "—" if r["test_accuracy"] is None else f"{100 * r['test_accuracy']:.2f}", _num(r["test_perplexity"], ".1f"),
         epsilon_text(r["epsilon"], r["delta"]), r["assumptions"],
     ] for r in rows]
+    if any(r.get("test_f1") is not None for r in rows):  # NER runs: entity F1 after the perplexity
+        header.insert(11, "test entity F1 (%)")
+        for line, r in zip(body, rows):
+            line.insert(11, "—" if r.get("test_f1") is None else f"{100 * r['test_f1']:.2f}")
     return markdown_table(header, body)
 
 
@@ -409,7 +429,7 @@ def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]
     out = []
     for run in contents.runs:
         s = contents.summaries.get(run["name"])
-        if s is None or not is_private(s):
+        if s is None or s.get("epsilon") is None:  # the curves follow the server-side ledger (DP-SGD, DP-FedAvg)
             continue
         events = contents.ledgers.get(run["name"])
         if not events:
