@@ -73,22 +73,12 @@ def iter_sentences(path: str | os.PathLike[str]) -> Iterator[tuple[int, TaggedEx
 def _parse_users_rule(users: str) -> tuple[str, object]:
     if users == "document":
         return "document", None
-    if users.startswith("sentences:"):
-        try:
-            n = int(users.split(":", 1)[1])
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise FedprivError(f"users rule {users!r}: N in 'sentences:N' must be a positive integer")
-        return "sentences", n
-    if users.startswith("clients:"):
-        try:
-            n = int(users.split(":", 1)[1])
-        except ValueError:
-            n = 0
-        if n < 1:
-            raise FedprivError(f"users rule {users!r}: N in 'clients:N' must be a positive integer")
-        return "clients", n
+    for rule in ("sentences", "clients"):  # "sentences:N", "clients:N" with N >= 1
+        if users.startswith(rule + ":"):
+            n = users.split(":", 1)[1]
+            if not n.isdigit() or int(n) < 1:
+                raise FedprivError(f"users rule {users!r}: N in '{rule}:N' must be a positive integer")
+            return rule, int(n)
     if users.startswith("mapping:"):
         return "mapping", Path(users.split(":", 1)[1])
     raise FedprivError(f"users rule {users!r}: expected 'document', 'sentences:N', 'clients:N' or 'mapping:PATH'")
