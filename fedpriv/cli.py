@@ -267,13 +267,17 @@ def audit_cmd(
     out.print(f"written: {run_dir / AUDIT_MD} and audit.json")
 
 
+# Short headers so the per-canary table fits an 80-column terminal (audit.md has the long names).
+AUDIT_HEADERS = {"insertions": "ins.", "rs_memorized": "RS", "rs_rank": "RS rank", "bs_memorized": "BS", "exposure": "exp.", "exposure_extrapolated": "exp. fit"}
+
+
 def _print_audit(report: dict) -> None:
     from fedpriv.memorization.audit import CANARY_COLUMNS, _fmt
 
     cols = CANARY_COLUMNS[report["task"]]
-    t = Table(title=f"canaries ({report['parameters']})")
+    t = Table(title=f"canaries ({report['parameters']}; exposure in bits)")
     for c in cols:
-        t.add_column(c.replace("_", " "))
+        t.add_column(AUDIT_HEADERS.get(c, c.replace("_", " ")))
     for r in report["canaries"]:
         t.add_row(*(_fmt(r.get(c)) for c in cols))
     out.print(t)
