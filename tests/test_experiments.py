@@ -42,6 +42,26 @@ def test_grid_expansion_and_merging():
     assert all(s.config.name == "grid-test" for s in specs)  # same held-out users, same canaries
 
 
+def test_a_grid_variable_sets_several_keys_together():
+    raw = {
+        **BASE,
+        "runs": [
+            {
+                "name": "fedavg-n{n}",
+                "kind": "federated",
+                "data": {"options": {"users": "clients:{n}"}},
+                "federated": {"clients_per_round": "{n}"},
+                "grid": {"n": [2, 5], "federated.rounds": [3]},
+            }
+        ],
+    }
+    specs = expand_experiment(raw)
+    assert [s.name for s in specs] == ["fedavg-n2", "fedavg-n5"]
+    assert [s.config.data.options["users"] for s in specs] == ["clients:2", "clients:5"]
+    assert [s.config.federated.clients_per_round for s in specs] == [2, 5]  # "{n}" alone keeps the int
+    assert all(s.config.federated.rounds == 3 for s in specs)
+
+
 @pytest.mark.parametrize(
     "runs, message",
     [
@@ -53,6 +73,7 @@ def test_grid_expansion_and_merging():
         ([{"name": "a-{rate}", "kind": "central", "grid": {"training.batch_size": [1]}}], "not a grid key"),
         ([{"name": "a", "kind": "central", "grid": {"training.batch_size": []}}], "non-empty lists"),
         ([{"name": "a", "kind": "central", "training": {"batch_size": 0}}], "run 'a'.*training.batch_size"),
+        ([{"name": "a{lr}", "kind": "central", "grid": {"lr": [0.1]}}], "variable, but no string of the run holds '{lr}'"),
     ],
 )
 def test_bad_experiments_are_refused_with_the_run_named(runs, message):

@@ -10,10 +10,21 @@ An experiment file is an experiment config (``[data]``, ``[vocab]``, ``[task]``,
     grid = { "training.order" = ["iid", "noniid"] }   # the cross product of the listed values
 
     [[runs]]
+    name = "fedavg-n{n}"
+    kind = "federated"
+    data = { options = { users = "clients:{n}" } }      # a grid VARIABLE: "{n}" is replaced in every
+    federated = { clients_per_round = "{n}" }           # string of the run; a string that is exactly
+    grid = { n = [2, 5, 10] }                           # "{n}" becomes the value itself (here an int)
+
+    [[runs]]
     name = "dp-fedavg"
     kind = "federated"
     users = "natural"                     # or "iid": planted records resharded over same-size users
     federated = { strategy = "dp-fedavg", clip_norm = 0.5, target_epsilon = 10.0, delta = 1e-3 }
+
+A grid key with a dot (or a run key such as ``users``) sets that key; a grid key without a dot
+that is not a run key is a variable, substituted into the run's strings as above (one grid value
+then sets several keys together).
 
 A run may also override ``data``, ``vocab`` and ``task`` (e.g. one experiment over two NER
 datasets); runs that share those settings share the prepared data, planted canaries included.
@@ -72,6 +83,21 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _substitute(obj: Any, variables: dict[str, Any]) -> Any:
+    """``obj`` with ``{var}`` replaced in every string; a string that is exactly ``{var}`` becomes the value."""
+    if isinstance(obj, dict):
+        return {k: _substitute(v, variables) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_substitute(v, variables) for v in obj]
+    if isinstance(obj, str):
+        for var, value in variables.items():
+            token = "{" + var + "}"
+            if obj == token:
+                return copy.deepcopy(value)
+            obj = obj.replace(token, str(value))
+    return obj
+
+
 def _expand_run(entry: dict[str, Any], where: str) -> list[dict[str, Any]]:
     """The grid's cross product of one ``[[runs]]`` entry, names filled in."""
     unknown = set(entry) - RUN_KEYS
@@ -85,9 +111,22 @@ def _expand_run(entry: dict[str, Any], where: str) -> list[dict[str, Any]]:
     for values in itertools.product(*grid.values()) if grid else [()]:
         run = copy.deepcopy(base)
         fill: dict[str, Any] = {}
+        variables: dict[str, Any] = {}
         for key, value in zip(grid, values):
-            _set_path(run, key, value)
+            if "." in key or key in RUN_KEYS:
+                _set_path(run, key, value)
+            else:
+                variables[key] = value
             fill[key.split(".")[-1]] = value
+        name_template = run.pop("name", "")
+        unused = [v for v in variables if "{" + v + "}" not in repr(run)]
+        if unused:
+            raise ConfigError(
+                f"{where}: grid key {unused[0]!r} has no dot, so it is a variable, but no string of the run holds "
+                f"'{{{unused[0]}}}' (to set a key, write its dotted path, e.g. 'training.{unused[0]}')"
+            )
+        run = _substitute(run, variables)
+        run["name"] = name_template
         name = str(run.get("name", ""))
         try:
             filled = name.format(**fill) if "{" in name else (name + "".join(f"-{v}" for v in values))
