@@ -52,8 +52,46 @@ class DataConfig(_Strict):
 
 
 class VocabConfig(_Strict):
-    size: int = Field(10_000, ge=1, description="top-K words")
+    """The vocabulary. NWP: the top-``size`` words of the training users. BERT tasks: a WordPiece
+    vocabulary of at most ``size`` tokens, learned from the training users, or from ``source`` (e.g.
+    a private corpus's vocabulary for a model pretrained on public text, Hoory et al. 2021), plain
+    or from a DP histogram (``dp``; see :func:`fedpriv.vocab.build.build_vocab` for the mechanisms,
+    and ``fedpriv vocab build`` for the same thing on its own)."""
+
+    size: int = Field(10_000, ge=1, description="top-K words (nwp) or WordPiece tokens in all (BERT)")
     seq_len: int = Field(20, ge=1, description="tokens per encoded example (before bos/eos)")
+    source: str | None = Field(None, min_length=1, description="BERT: learn the vocabulary from this SOURCE (all its users) instead of the training users")
+    source_format: str | None = Field(None, description="format of source, if not guessed from the path")
+    source_options: dict[str, Any] = Field(default_factory=dict, description="loader options of source")
+    dp: Literal["gaussian", "laplace", "count"] | None = Field(None, description="BERT: learn from this DP histogram (gaussian: Hoory et al. 2021 tuples)")
+    epsilon: float | None = Field(None, gt=0.0, description="dp: target epsilon (gaussian, count: < 1)")
+    sigma: float | None = Field(None, gt=0.0, description="dp: Gaussian noise std in counts, instead of epsilon")
+    delta: float = Field(1e-9, gt=0.0, lt=1.0, description="dp: delta")
+    tuple_size: int = Field(256, ge=1, description="dp: N, words per tuple (gaussian) or per example (count, laplace)")
+    partition: Literal["stream", "example"] = Field(
+        "example", description="dp gaussian: tuples cut per example (one example of <= N words is one tuple, the unit DP-SGD protects too) or from the stream"
+    )
+    alphabet: Literal["data", "ascii"] = Field("data", description="BERT: ascii puts every printable ASCII character in the vocabulary (public, no privacy cost)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "VocabConfig":
+        dp_keys = [k for k in ("epsilon", "sigma") if getattr(self, k) is not None]
+        if self.dp is None and dp_keys:
+            raise ValueError(f"{dp_keys[0]} is given without a DP mechanism; set dp = 'gaussian' (or laplace, count)")
+        if self.dp is not None:
+            from fedpriv.errors import FedprivError
+            from fedpriv.vocab.dp_histogram import mechanism_params
+
+            try:  # impossible parameters are refused before any data is read
+                mechanism_params(self.dp, sigma=self.sigma, epsilon=self.epsilon, delta=self.delta, tuple_size=self.tuple_size, partition=self.partition)
+            except FedprivError as e:
+                raise ValueError(str(e)) from None
+        return self
+
+    @property
+    def custom(self) -> bool:
+        """True when a BERT vocabulary is not the plain one learned from the training users."""
+        return self.source is not None or self.dp is not None or self.alphabet != "data"
 
 
 class TaskConfig(_Strict):

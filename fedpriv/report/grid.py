@@ -26,8 +26,14 @@ A grid key with a dot (or a run key such as ``users``) sets that key; a grid key
 that is not a run key is a variable, substituted into the run's strings as above (one grid value
 then sets several keys together).
 
-A run may also override ``data``, ``vocab`` and ``task`` (e.g. one experiment over two NER
-datasets); runs that share those settings share the prepared data, planted canaries included.
+A run can start from an earlier run of the same experiment: ``task.options.pretrained =
+"run:NAME"`` (a BERT chain: pretrain, continue pretraining, fine-tune) names the run ``NAME``
+of this experiment, which must come earlier in the file; the store resolves it to that run's
+directory (:func:`resolve_run_refs`) and composes the privacy of the chain in its report.
+
+A run may also override ``data``, ``vocab``, ``task`` (e.g. one experiment over two NER
+datasets) and ``canaries`` (a ``[canaries]`` table given in one run plants canaries in that run's
+data only); runs that share those settings share the prepared data, planted canaries included.
 
 Each run resolves to a full experiment config (validated like any other): a central run has no
 ``[federated]`` section, a federated run no ``[privacy]`` (DP-SGD) section, and a run's
@@ -49,9 +55,17 @@ from typing import Any
 from fedpriv.config import ExperimentConfig, validate_config
 from fedpriv.errors import ConfigError
 
-RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "audit", "grid"}
-SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "audit")
+RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "audit", "grid"}
+SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "audit")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+
+
+RUN_REF = "run:"
+
+
+def run_refs(config: ExperimentConfig) -> dict[str, str]:
+    """``task.options`` keys whose value names another run of the experiment (``"run:NAME"``) -> NAME."""
+    return {k: v[len(RUN_REF):] for k, v in config.task.options.items() if isinstance(v, str) and v.startswith(RUN_REF)}
 
 
 @dataclass(frozen=True)
@@ -168,6 +182,11 @@ def expand_experiment(raw: dict[str, Any], origin: str = "experiment") -> list[R
                     raise ConfigError(f"{where}: a federated run needs a [federated] section (in the experiment or the run)")
             specs.append(RunSpec(name, kind, validate_config(merged, where)))
     names = [s.name for s in specs]
+    for i, s in enumerate(specs):
+        for key, ref in run_refs(s.config).items():
+            if ref not in names[:i]:
+                later = " (it comes later: move it up)" if ref in names else ""
+                raise ConfigError(f"{origin}: run {s.name!r}: task.options.{key} = 'run:{ref}' names no earlier run{later}")
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
         raise ConfigError(f"{origin}: two runs are named {dup!r}")
@@ -189,3 +208,14 @@ def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
     if "name" not in raw:
         raise ConfigError(f"{path}: an experiment needs a name")
     return str(raw["name"]), expand_experiment(raw, str(path))
+
+
+def resolve_run_refs(spec: RunSpec, store: str | os.PathLike[str]) -> RunSpec:
+    """``spec`` with every ``"run:NAME"`` of its task options replaced by the absolute path of that run in ``store``."""
+    refs = run_refs(spec.config)
+    if not refs:
+        return spec
+    raw = spec.raw
+    for key, ref in refs.items():
+        raw["task"]["options"][key] = str((Path(store) / ref).resolve())
+    return RunSpec(spec.name, spec.kind, validate_config(raw, f"run {spec.name!r}"))

@@ -27,7 +27,7 @@ from typing import Any
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import write_json_atomic
 from fedpriv.pipeline import Prepared, prepare
-from fedpriv.report.grid import RunSpec, load_experiment
+from fedpriv.report.grid import RunSpec, load_experiment, resolve_run_refs, run_refs
 
 EXPERIMENT_FILE, RUN_CONFIG, SUMMARY_FILE = "experiment.json", "run-config.json", "summary.json"
 
@@ -37,18 +37,27 @@ def _data_key(spec: RunSpec) -> str:
     return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None], sort_keys=True)
 
 
-def run_summary(spec: RunSpec, run_dir: Path, seconds: float | None) -> dict[str, Any]:
+def run_summary(spec: RunSpec, run_dir: Path, seconds: float | None, starts_from: dict[str, str] | None = None) -> dict[str, Any]:
     """What the report needs about a finished run, read back from its files: the last evaluation,
-    the last epsilon with its guarantee, and the audit summary."""
+    the last epsilon with its guarantee, the audit summary; for BERT runs the vocabulary's record
+    (its source and DP guarantee, from ``tokenizer.json``) and the runs it starts from
+    (``starts_from``: task option -> run name), which the chain report composes."""
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     train = [r for r in rows if r.get("split") == "train"]
     evals = [r for r in rows if r.get("split") not in (None, "train")]
     c = spec.config
-    out: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "users": c.data.users}
+    out: dict[str, Any] = {"name": spec.name, "kind": spec.kind, "users": c.data.users, "task": c.task.kind, "data_source": c.data.source}
+    if c.data.eval_source:
+        out["eval_source"] = c.data.eval_source
+    if starts_from:
+        out["starts_from"] = dict(starts_from)
+    tokenizer = run_dir / "tokenizer.json"
+    if tokenizer.is_file():
+        out["vocabulary"] = json.loads(tokenizer.read_text()).get("vocabulary")
     if spec.kind == "central":
         out.update(algorithm="DP-SGD" if c.privacy else "SGD", order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
         if c.privacy:
-            out.update(noise_multiplier_config=c.privacy.noise_multiplier, clip_norm=c.privacy.clip_norm)
+            out.update(noise_multiplier_config=c.privacy.noise_multiplier, clip_norm=c.privacy.clip_norm, sampling=c.privacy.sampling)
     else:
         f = c.federated
         label = {"fedavg": "FedAvg", "fedavg-clip": "FedAvg+Clip", "dp-fedavg": "DP-FedAvg"}[f.strategy]
@@ -139,6 +148,8 @@ def run_experiment(
             say(f"{tag} complete, skipped")
             continue
         run_dir.mkdir(parents=True, exist_ok=True)
+        refs = run_refs(spec.config)
+        spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
         write_json_atomic(run_dir / RUN_CONFIG, spec.raw)
         key = _data_key(spec)
         if key not in prepared_by_key:
@@ -152,7 +163,7 @@ def run_experiment(
                 return store, summaries, False
         if spec.config.canaries is not None and prepared.task.name in ("nwp", "mlm"):
             audit_run(run_dir, log=prefixed, prepared=prepared)
-        summary = run_summary(spec, run_dir, time.perf_counter() - t0)
+        summary = run_summary(spec, run_dir, time.perf_counter() - t0, refs)
         write_json_atomic(run_dir / SUMMARY_FILE, summary)
         summaries.append(summary)
         trained += 1

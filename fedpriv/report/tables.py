@@ -11,6 +11,9 @@ Written files (see :func:`write_report`)::
     epsilon_vs_parameters.png        per DP run: epsilon against sigma, epochs/rounds, batch/users
                                      (Hoory et al. 2021, Figure 1); only when a DP run exists
     utility_vs_epsilon.png           held-out accuracy (%) against epsilon
+    chains.md                        when runs start from earlier runs (BERT chains): the
+                                     pretrained encoders with each stage's epsilon, the composed
+                                     epsilon and the fine-tuned F1 (:mod:`fedpriv.report.chain`)
 
 Everything is read back from the store's files (``experiment.json``, each run's ``summary.json``,
 ``audit.json`` and ``privacy_ledger.json``); nothing is retrained. The table-building functions
@@ -322,9 +325,12 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 
 def configuration_cell(cell: Mapping[str, Any] | None) -> str:
-    """'RS k / BS k of n' (— for a test the task has no result for)."""
+    """'RS k / BS k of n' (— for a test the task has no result for); masked-LM canaries, which have
+    no RS/BS test, show their mean and max exposure instead."""
     if cell is None:
         return "—"
+    if cell.get("rs_memorized") is None and cell.get("bs_memorized") is None and cell.get("exposure_mean_bits") is not None:
+        return f"exposure {cell['exposure_mean_bits']:.2f} bits (max {cell['exposure_max_bits']:.2f}) of {cell['canaries']}"
     return f"RS {_num(cell['rs_memorized'], 'd')} / BS {_num(cell['bs_memorized'], 'd')} of {cell['canaries']}"
 
 
@@ -336,7 +342,12 @@ def configuration_table_lines(rows: Sequence[Mapping[str, Any]], run_names: Sequ
     for r in runs:
         cells = [row["cells"][r] for row in rows if r in row["cells"]]
         add = lambda k: None if any(c[k] is None for c in cells) else sum(c[k] for c in cells)  # noqa: E731
-        totals.append(configuration_cell({"rs_memorized": add("rs_memorized"), "bs_memorized": add("bs_memorized"), "canaries": add("canaries")}))
+        scored = [c for c in cells if c.get("exposure_mean_bits") is not None]
+        n = sum(c["canaries"] for c in scored)
+        mean = sum(c["exposure_mean_bits"] * c["canaries"] for c in scored) / n if n else None
+        top = max((c["exposure_max_bits"] for c in scored), default=None)
+        totals.append(configuration_cell({"rs_memorized": add("rs_memorized"), "bs_memorized": add("bs_memorized"), "canaries": add("canaries"),
+                                          "exposure_mean_bits": mean, "exposure_max_bits": top}))
     return markdown_table(["configuration", *runs], [*body, ["all", *totals]])
 
 
@@ -383,7 +394,7 @@ def comparison_markdown(
         lines += ["", "Not finished (no summary.json): " + ", ".join(unfinished) + "."]
     lines += ["", "## Memorized canaries by configuration", "",
               "Rows are canary configurations (p_u: probability a user shares the canary; p_e: probability each of a sharer's "
-              "examples is replaced by it); cells are RS-memorized / BS-memorized of the canaries in that configuration.", ""]
+              "examples is replaced by it); cells are RS-memorized / BS-memorized of the canaries in that configuration (masked-LM canaries, which have no RS/BS test: mean and max exposure of the secret, in bits).", ""]
     lines += configuration_table_lines(config_rows, run_names) if config_rows else ["No audited run."]
     if notes:
         lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
@@ -466,7 +477,7 @@ def write_report(store: str | os.PathLike[str]) -> Path:
     drawn: list[str] = []
     for stale in PLOT_FILES:  # a plot left from an earlier report must not outlive its data
         (out / stale).unlink(missing_ok=True)
-    if config_rows:
+    if any(cell.get("rs_memorized") is not None for row in config_rows for cell in row["cells"].values()):
         audited = [n for n in names if n in contents.canaries]
         counts = [[(row["cells"].get(n) or {}).get("rs_memorized") or 0 for row in config_rows] for n in audited]
         plots.plot_memorized_by_configuration([r["configuration"] for r in config_rows], audited, counts, out / "memorized_by_configuration.png")
@@ -487,6 +498,13 @@ def write_report(store: str | os.PathLike[str]) -> Path:
     if points:
         plots.plot_utility_vs_epsilon(points, out / "utility_vs_epsilon.png")
         drawn.append("utility_vs_epsilon.png")
+    from fedpriv.report.chain import chains_markdown
+
+    chains = chains_markdown(contents.summaries)
+    (out / "chains.md").unlink(missing_ok=True)
+    if chains:
+        (out / "chains.md").write_text(chains, encoding="utf-8")
+        notes.append("Runs start from earlier runs: chains.md has each pretrained encoder's stages, composed epsilon and fine-tuned F1.")
     md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, contents.summaries), notes, drawn, contents.audit_settings)
     (out / "comparison.md").write_text(md, encoding="utf-8")
     return out

@@ -70,6 +70,7 @@ class BertNERTask(Task):
         self.tables = chunk_tables(self.tags)
         self.pretrained = pretrained
         self.pretrained_from: Any = None  # where ``pretrained`` came from (a run directory), for reports
+        self.vocabulary_record: dict | None = None  # where the vocabulary came from (saved in tokenizer.json)
 
     @classmethod
     def from_examples(cls, examples: Sequence[Example], tokenizer: Any, tags: Sequence[str] | None = None, **kw) -> "BertNERTask":

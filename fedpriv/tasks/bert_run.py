@@ -79,6 +79,7 @@ def tokenizer_record(task: Any) -> dict:
         "preset": preset_name(task.cfg),
         "bert": shape_of(task.cfg),
         "vocab_size": len(v),
+        "vocabulary": getattr(task, "vocabulary_record", None),
         "wordpiece": tok.to_json(),
     }
 
@@ -99,6 +100,7 @@ class Tokenizer:
     shape: dict[str, int]
     preset: str | None
     task: str
+    vocabulary: dict | None = None  # where the vocabulary came from, its DP guarantee if any
 
 
 def load_tokenizer(run_dir: str | os.PathLike[str]) -> Tokenizer:
@@ -116,7 +118,8 @@ def load_tokenizer(run_dir: str | os.PathLike[str]) -> Tokenizer:
         lowercase, preset, task = bool(obj["lowercase"]), obj.get("preset"), str(obj.get("task", ""))
     except (KeyError, TypeError, ValueError) as e:
         raise FedprivError(f"{path}: malformed BERT tokenizer file ({e})") from None
-    return Tokenizer(WordPieceVocab.from_json(obj["wordpiece"], path), lowercase, shape, preset, task)
+    vocabulary = obj.get("vocabulary")
+    return Tokenizer(WordPieceVocab.from_json(obj["wordpiece"], path), lowercase, shape, preset, task, vocabulary if isinstance(vocabulary, dict) else None)
 
 
 @dataclass
@@ -127,6 +130,7 @@ class Pretrained:
     tokenizer: Tokenizer
     encoder: Any  # pytree of jax arrays (the "encoder" subtree of the run's final parameters)
     step: int | None
+    params: Any = None  # the whole parameter tree (encoder and head), when loaded with full=True
 
 
 def resolve_run_dir(path: str | os.PathLike[str]) -> Path:
@@ -135,10 +139,16 @@ def resolve_run_dir(path: str | os.PathLike[str]) -> Path:
     return p if p.is_absolute() else Path.cwd() / p
 
 
-def load_pretrained(path: str | os.PathLike[str]) -> Pretrained:
-    """Tokenizer and final encoder parameters of the finished BERT run at ``path`` (module docstring)."""
+def load_pretrained(path: str | os.PathLike[str], full: bool = False) -> Pretrained:
+    """Tokenizer and final encoder parameters of the finished BERT run at ``path`` (module docstring);
+    with ``full``, the whole parameter tree too (continued masked-LM pretraining)."""
     if not isinstance(path, (str, os.PathLike)) or not str(path):
         raise ConfigError(f"task.options.pretrained: expected the path of a pretraining run directory, got {path!r}")
+    if str(path).startswith("run:"):
+        raise ConfigError(
+            f"task.options.pretrained = {path!r}: 'run:NAME' names a run of an experiment file and works only under "
+            "`fedpriv run EXPERIMENT.toml`; here give the run directory's path"
+        )
     d = resolve_run_dir(path)
     if not d.is_dir():
         raise ConfigError(
@@ -178,7 +188,8 @@ def load_pretrained(path: str | os.PathLike[str]) -> Pretrained:
             f"{d / TOKENIZER_FILE} holds {len(tok.wordpiece)} tokens but the encoder in {params_file} embeds {rows}: "
             "the tokenizer is not the vocabulary this model was trained with"
         )
-    return Pretrained(d, tok, encoder, step)
+    params = jax.tree_util.tree_map(jnp.asarray, tree) if full else None
+    return Pretrained(d, tok, encoder, step, params)
 
 
 def _embedding_rows(encoder: Any) -> int | None:

@@ -172,7 +172,11 @@ class MLMTask(Task):
         dropout: float | None = None,
         lowercase: bool = False,
         eval_seed: int = 0,
+        pretrained: Params | None = None,
     ):
+        """``pretrained``: a whole :class:`BertMLM` parameter tree (of this shape and vocabulary) that
+        :meth:`init_params` returns instead of fresh parameters: continued pretraining. In a config,
+        ``task.options.pretrained`` is a finished BERT run directory (:mod:`fedpriv.tasks.bert_run`)."""
         self.vocab = PieceVocab(tokenizer, lowercase)
         if self.vocab.mask is None:
             raise FedprivError(f"the WordPiece vocabulary lacks {MASK}, which masked-LM training needs")
@@ -193,6 +197,9 @@ class MLMTask(Task):
         if not 1 <= self.max_predictions <= self.max_len:
             raise FedprivError(f"max_predictions must be in [1, {self.max_len}], got {max_predictions}")
         self.eval_seed = int(eval_seed)
+        self.pretrained = pretrained
+        self.pretrained_from: Any = None  # where ``pretrained`` came from (a run directory), for reports
+        self.vocabulary_record: dict | None = None  # where the vocabulary came from (saved in tokenizer.json)
 
     def save_assets(self, run_dir) -> None:
         """``tokenizer.json`` (vocabulary, lowercasing, model shape) for fine-tuning or reuse."""
@@ -202,8 +209,16 @@ class MLMTask(Task):
 
     # ---- batching ---------------------------------------------------------------------------
     def init_params(self, rng: jax.Array) -> Params:
+        """Fresh parameters, or a copy of ``pretrained`` (refused unless its structure and shapes match)."""
         z = jnp.zeros((1, self.max_len), jnp.int32)
-        return self._init(rng, z, jnp.ones((1,), jnp.int32), jnp.zeros((1, self.max_predictions), jnp.int32))["params"]
+        args = (z, jnp.ones((1,), jnp.int32), jnp.zeros((1, self.max_predictions), jnp.int32))
+        if self.pretrained is None:
+            return self._init(rng, *args)["params"]
+        fresh = jax.eval_shape(lambda r: self._init(r, *args)["params"], rng)
+        shapes = lambda t: jax.tree_util.tree_map(lambda a: (tuple(a.shape), str(a.dtype)), t)  # noqa: E731
+        if jax.tree_util.tree_structure(fresh) != jax.tree_util.tree_structure(self.pretrained) or shapes(fresh) != shapes(self.pretrained):
+            raise FedprivError("the pretrained masked-LM parameters do not match this model (another BertConfig or vocabulary?)")
+        return jax.tree_util.tree_map(jnp.array, self.pretrained)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len

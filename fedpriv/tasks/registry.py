@@ -60,6 +60,53 @@ def learn_tokenizer(train: FederatedCorpus, size: int, lowercase: bool):
         raise ConfigError(f"vocab.size: {e}") from None
 
 
+def bert_vocabulary(cfg: ExperimentConfig, train: FederatedCorpus, lowercase: bool):
+    """(WordPiece tokenizer, vocabulary record) for a BERT task that learns its own vocabulary.
+
+    Plain (no ``vocab.source``, ``dp`` or ``alphabet``): :func:`learn_tokenizer` on the training
+    users. Otherwise :func:`fedpriv.vocab.build.build_vocab` on ``vocab.source`` (all its users) or
+    the training users, from the DP histogram if ``vocab.dp``, DP noise seeded by the experiment
+    seed. The record says where the vocabulary came from and, for DP, its guarantee; it is saved in
+    ``tokenizer.json`` and travels with the tokenizer to every run that starts from this one."""
+    import tempfile
+    from pathlib import Path
+
+    from fedpriv.vocab.wordpiece import WordPieceVocab
+
+    v = cfg.vocab
+    if not v.custom:
+        tok = learn_tokenizer(train, v.size, lowercase)
+        return tok, {"source": cfg.data.source, "users": "training users", "dp": None, "vocab_size": len(tok), "lowercase": lowercase}
+    from fedpriv.vocab.build import build_vocab
+
+    if v.source is None:
+        corpus, source, users = train, cfg.data.source, "training users"
+    else:
+        from fedpriv.data.sources import open_corpus
+
+        try:
+            corpus = open_corpus(v.source, format=v.source_format, **v.source_options)
+        except FedprivError as e:
+            raise ConfigError(f"vocab.source: {e}") from None
+        source, users = v.source, "all users"
+    with tempfile.TemporaryDirectory(prefix="fedpriv-vocab-") as d:
+        try:
+            report = build_vocab(
+                corpus, "wordpiece", v.size, v.dp, out_dir=d, epsilon=v.epsilon, sigma=v.sigma, delta=v.delta,
+                tuple_size=v.tuple_size, partition=v.partition, seed=cfg.seed, lowercase=lowercase, alphabet=v.alphabet,
+            )
+        except FedprivError as e:
+            raise ConfigError(f"vocab: {e}") from None
+        tok = WordPieceVocab.load(Path(d) / "vocab.txt")
+    keep = ("examples", "longest_example_words", "alphabet", "guarantee")
+    record = {"source": source, "users": users, "dp": report["dp"], "vocab_size": len(tok), "lowercase": lowercase}
+    record.update({k: report[k] for k in keep})
+    record.update({k: report["vocabulary"][k] for k in ("pieces_per_word", "unk_rate")})
+    if report.get("non_private"):  # for the data owner: what the same vocabulary would be without DP
+        record["non_private"] = {k: report["non_private"][k] for k in ("vocab_size", "pieces_per_word", "unk_rate", "token_overlap_with_dp")}
+    return tok, record
+
+
 def _build_bert(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
     """``mlm``: BERT masked-LM pretraining on text or tagged examples (the tokens as text).
     ``bert-ner``: BERT NER fine-tuning, from scratch or from ``task.options.pretrained`` (a
@@ -74,43 +121,77 @@ def _build_bert(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
     options = dict(cfg.task.options)
     if cfg.task.model not in PRESETS:
         raise ConfigError(f"task.model: unknown BERT preset {cfg.task.model!r}; choose one of {', '.join(PRESETS)}")
+    path = options.pop("pretrained", None)
+    if path is not None and cfg.vocab.custom:
+        raise ConfigError(
+            "vocab.source / vocab.dp / vocab.alphabet: this run starts from task.options.pretrained, whose tokenizer "
+            "it uses; set the vocabulary in the run that learned it"
+        )
     if kind == "mlm":
-        _check_options(MLMTask, options, {"tokenizer", "model"})
-        tok = learn_tokenizer(train, cfg.vocab.size, bool(options.get("lowercase", False)))
+        _check_options(MLMTask, {**options, **({"pretrained": path} if path else {})}, {"tokenizer", "model"})
+        if path is None:
+            tok, record = bert_vocabulary(cfg, train, bool(options.get("lowercase", False)))
+            try:
+                task = MLMTask(tok, model=cfg.task.model, **options)
+            except FedprivError as e:
+                raise ConfigError(f"task: {e}") from None
+            task.vocabulary_record = record
+            return task
+        from fedpriv.tasks.bert_run import load_pretrained
+
+        pre = load_pretrained(path, full=True)
+        lowercase = _pretrained_lowercase(options, pre)
         try:
-            return MLMTask(tok, model=cfg.task.model, **options)
+            task = MLMTask(pre.tokenizer.wordpiece, model=cfg.task.model, lowercase=lowercase, **options)
         except FedprivError as e:
             raise ConfigError(f"task: {e}") from None
+        return _start_from(task, pre, cfg)
 
     if train.kind != "tagged":
         raise ConfigError(f"task.kind = 'bert-ner' needs tagged examples; {train.name} has {train.kind} ones")
-    _check_options(BertNERTask, options, {"tokenizer", "model"})
-    path = options.pop("pretrained", None)
+    _check_options(BertNERTask, {**options, **({"pretrained": path} if path else {})}, {"tokenizer", "model"})
     records = list(train.records())
     if path is None:
-        tok = learn_tokenizer(train, cfg.vocab.size, bool(options.get("lowercase", False)))
+        tok, record = bert_vocabulary(cfg, train, bool(options.get("lowercase", False)))
         try:
-            return BertNERTask.from_examples(records, tok, model=cfg.task.model, **options)
+            task = BertNERTask.from_examples(records, tok, model=cfg.task.model, **options)
         except FedprivError as e:
             raise ConfigError(f"task: {e}") from None
+        task.vocabulary_record = record
+        return task
 
-    from fedpriv.tasks.bert_run import check_compatible, load_pretrained
+    from fedpriv.tasks.bert_run import load_pretrained
 
     pre = load_pretrained(path)
+    lowercase = _pretrained_lowercase(options, pre)
+    try:
+        task = BertNERTask.from_examples(records, pre.tokenizer.wordpiece, model=cfg.task.model, lowercase=lowercase, **options)
+    except FedprivError as e:
+        raise ConfigError(f"task: {e}") from None
+    return _start_from(task, pre, cfg)
+
+
+def _pretrained_lowercase(options: dict, pre) -> bool:
+    """The pretrained tokenizer's lowercasing (popped from ``options``; a contradicting value is refused)."""
     lowercase = options.pop("lowercase", pre.tokenizer.lowercase)
     if bool(lowercase) != pre.tokenizer.lowercase:
         raise ConfigError(
             f"task.options.lowercase = {bool(lowercase)} but the pretrained tokenizer in {pre.run_dir} was learned with "
             f"lowercase = {pre.tokenizer.lowercase}; leave it out to use the pretrained run's setting"
         )
-    try:
-        task = BertNERTask.from_examples(records, pre.tokenizer.wordpiece, model=cfg.task.model, lowercase=lowercase, **options)
-    except FedprivError as e:
-        raise ConfigError(f"task: {e}") from None
-    check_compatible(pre, task.cfg, cfg.task.model)
-    task.pretrained = pre.encoder
-    task.pretrained_from = pre.run_dir
+    return bool(lowercase)
+
+
+def _start_from(task, pre, cfg: ExperimentConfig):
+    """``task`` set to start from the pretrained run ``pre`` (its encoder, or for MLM its whole
+    model), carrying the pretrained tokenizer's vocabulary record; checked before any training."""
     import jax
 
+    from fedpriv.tasks.bert_run import check_compatible
+
+    check_compatible(pre, task.cfg, cfg.task.model)
+    task.pretrained = pre.params if pre.params is not None else pre.encoder
+    task.pretrained_from = pre.run_dir
+    task.vocabulary_record = pre.tokenizer.vocabulary
     jax.eval_shape(task.init_params, jax.random.key(0))  # a structure mismatch surfaces now, not at step 0
     return task

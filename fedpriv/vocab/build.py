@@ -24,6 +24,7 @@ import json
 import math
 import os
 import shutil
+import string
 import tempfile
 from collections import Counter
 from pathlib import Path
@@ -42,6 +43,16 @@ from fedpriv.vocab.dp_histogram import (
 )
 
 KINDS = ("word", "wordpiece", "sentencepiece")
+#: Public character sets a WordPiece vocabulary can always hold (data-independent: no privacy cost).
+ALPHABETS = {"data": "", "ascii": string.ascii_letters + string.digits + string.punctuation}
+
+
+def public_alphabet(name: str, lowercase: bool = False) -> str:
+    """The characters of the public alphabet ``name`` (``data``: none, learn them all from the data)."""
+    if name not in ALPHABETS:
+        raise FedprivError(f"alphabet must be one of {', '.join(ALPHABETS)}, got {name!r}")
+    chars = ALPHABETS[name]
+    return "".join(dict.fromkeys(c.lower() for c in chars)) if lowercase else chars
 #: Coverage figures are computed over at most this many of the most frequent distinct words.
 EVAL_MAX_WORDS = 500_000
 NOT_PRIVATE_NOTE = (
@@ -60,7 +71,9 @@ def _check_size(kind: str, size: object) -> int:
     return size
 
 
-def _learn(kind: str, counts: dict[str, float], size: int, folder: Path, model_type: str, min_pair_count: float) -> tuple[Any, list[str]]:
+def _learn(
+    kind: str, counts: dict[str, float], size: int, folder: Path, model_type: str, min_pair_count: float, alphabet: str = ""
+) -> tuple[Any, list[str]]:
     """The vocabulary of ``kind`` learned from ``counts``, saved into ``folder``; (vocab, file names)."""
     if kind == "word":
         from fedpriv.vocab.word import WordVocab
@@ -71,7 +84,7 @@ def _learn(kind: str, counts: dict[str, float], size: int, folder: Path, model_t
     if kind == "wordpiece":
         from fedpriv.vocab.wordpiece import learn_wordpiece
 
-        vocab = learn_wordpiece(counts, size, min_pair_count=min_pair_count)
+        vocab = learn_wordpiece(counts, size, min_pair_count=min_pair_count, alphabet=alphabet)
         vocab.save(folder / "vocab.txt")
         return vocab, ["vocab.txt"]
     from fedpriv.vocab.spm import train_sentencepiece
@@ -143,16 +156,25 @@ def build_vocab(
     min_pair_count: float = 2.0,
     source_format: str | None = None,
     source_options: dict | None = None,
+    lowercase: bool = False,
+    alphabet: str = "data",
 ) -> dict:
     """Build a vocabulary of ``kind`` with at most ``size`` entries (see the module doc) and return the report.
 
     ``dp``: None (plain), ``"gaussian"`` (Hoory et al. tuples; ``tuple_size`` words per tuple,
     ``partition`` stream or example), ``"laplace"`` (``epsilon`` per word) or ``"count"``
     (Ponomareva et al.; ``tuple_size`` words per example). Give ``sigma`` or a target ``epsilon``
-    for the Gaussian forms. All parameters are checked before the source is opened."""
+    for the Gaussian forms. ``lowercase``: words are lowercased before counting (for uncased BERT
+    tokenizers). ``alphabet``: ``"ascii"`` puts every printable ASCII character (lowercased with
+    ``lowercase``) into a WordPiece vocabulary whatever the data (public, so free); ``"data"``
+    learns the characters from the histogram. All parameters are checked before the source is
+    opened."""
     if kind not in KINDS:
         raise FedprivError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     size = _check_size(kind, size)
+    chars = public_alphabet(alphabet, lowercase)
+    if chars and kind != "wordpiece":
+        raise FedprivError(f"alphabet = {alphabet!r} applies to WordPiece vocabularies, not {kind}")
     if kind == "sentencepiece":
         from fedpriv.vocab.spm import MODEL_TYPES
 
@@ -182,7 +204,11 @@ def build_vocab(
     # One pass: the plain histogram and the mechanism's.
     plain = WordCounter()
     mech = counter_for(params) if params is not None else None
+    longest = 0
     for batch in corpus_word_batches(corpus):  # one user at a time
+        if lowercase:
+            batch = [[w.lower() for w in words] for words in batch]
+        longest = max(longest, max(len(words) for words in batch))
         plain.add_many(batch)
         if mech is not None:
             mech.add_many(batch)
@@ -199,6 +225,9 @@ def build_vocab(
         "examples": plain.units,
         "word_occurrences": plain.words,
         "distinct_words": len(true_counts),
+        "longest_example_words": longest,
+        "lowercase": bool(lowercase),
+        "alphabet": alphabet,
     }
     hist = None
     if params is not None:
@@ -215,7 +244,7 @@ def build_vocab(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
     try:
         counts = hist.counts if hist is not None else dict(true_counts)
-        vocab, files = _learn(kind, counts, size, staging, model_type, min_pair_count)
+        vocab, files = _learn(kind, counts, size, staging, model_type, min_pair_count, chars)
         ev = _figures(kind, vocab, true_counts)
         report["vocabulary"] = {**ev["figures"], "files": files}
         if hist is not None:
@@ -230,7 +259,7 @@ def build_vocab(
                 report[k] = d[k]
             report[params.noise_name] = params.noise
             with tempfile.TemporaryDirectory(prefix="fedpriv-nonprivate-") as private:  # never kept
-                base, _ = _learn(kind, dict(true_counts), size, Path(private), model_type, min_pair_count)
+                base, _ = _learn(kind, dict(true_counts), size, Path(private), model_type, min_pair_count, chars)
                 bev = _figures(kind, base, true_counts)
             overlap = len(ev["tokens"] & bev["tokens"]) / max(1, len(bev["tokens"]))
             report["non_private"] = {"words": len(true_counts), **bev["figures"], "token_overlap_with_dp": overlap}

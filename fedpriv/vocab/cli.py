@@ -37,6 +37,11 @@ class Rule(str, Enum):
     paper = "paper"
 
 
+class Alphabet(str, Enum):
+    data = "data"
+    ascii = "ascii"
+
+
 class ModelType(str, Enum):
     unigram = "unigram"
     bpe = "bpe"
@@ -63,6 +68,8 @@ def build(
     threshold_rule: Rule = typer.Option(Rule.quantile, "--threshold-rule", help="quantile: sound Gaussian quantile; paper: the printed erfinv formula (weaker delta, reported)."),
     model_type: ModelType = typer.Option(ModelType.unigram, "--model-type", help="SentencePiece model type."),
     seed: int = typer.Option(0, "--seed", help="Seed of the DP noise."),
+    lowercase: bool = typer.Option(False, "--lowercase", help="Lowercase words before counting (uncased BERT)."),
+    alphabet: Alphabet = typer.Option(Alphabet.data, "--alphabet", help="wordpiece: 'ascii' always holds every printable ASCII character (public, no privacy cost); 'data' learns the characters from the histogram."),
     out: Path = typer.Option(..., "--out", help="Output folder (vocabulary files and report.json, written atomically)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     format: Optional[str] = typer.Option(None, "--format", help="Override the format guessed from the path."),
@@ -88,6 +95,8 @@ def build(
         model_type=model_type.value,
         source_format=format,
         source_options=parse_options(option),
+        lowercase=lowercase,
+        alphabet=alphabet.value,
     )
     if as_json:
         print(json.dumps(report, indent=2))

@@ -182,12 +182,15 @@ def learn_wordpiece(
     min_pair_count: float = 2.0,
     max_alphabet: int = 1000,
     max_input_chars_per_word: int = MAX_INPUT_CHARS_PER_WORD,
+    alphabet: Sequence[str] = (),
 ) -> WordPieceVocab:
     """Learn a WordPiece vocabulary of at most ``vocab_size`` tokens from word counts (see the module doc).
 
     ``word_counts``: word -> count (floats allowed; counts <= 0 ignored). The alphabet is the
     ``max_alphabet`` most frequent characters that fit (each takes two slots: ``c`` and ``##c``);
-    words with other characters, or longer than ``max_input_chars_per_word``, are not learned from."""
+    words with other characters, or longer than ``max_input_chars_per_word``, are not learned from.
+    ``alphabet``: characters that are always in it, first (e.g. a public character set, so a
+    vocabulary learned from a small DP histogram still spells every word instead of [UNK])."""
     if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
         raise FedprivError(f"vocab_size must be an integer, got {vocab_size!r}")
     reserved = list(dict.fromkeys(reserved_tokens))
@@ -209,7 +212,16 @@ def learn_wordpiece(
         for ch in w:
             char_counts[ch] += c
     budget = min(max_alphabet, (vocab_size - len(reserved)) // 2)
-    alphabet = [ch for ch, _ in sorted(char_counts.items(), key=lambda kv: (-kv[1], kv[0]))[:budget]]
+    if any(not isinstance(ch, str) or len(ch) != 1 or ch.isspace() for ch in alphabet):
+        raise FedprivError("alphabet must hold single non-space characters")
+    fixed = list(dict.fromkeys(alphabet))
+    if len(fixed) > budget:
+        raise FedprivError(
+            f"vocab_size {vocab_size} leaves room for {budget} characters (each takes two slots), fewer than the "
+            f"{len(fixed)} of the given alphabet"
+        )
+    learned = [ch for ch, _ in sorted(char_counts.items(), key=lambda kv: (-kv[1], kv[0])) if ch not in set(fixed)]
+    alphabet = fixed + learned[: budget - len(fixed)]
     id2tok: list[str] = []
     tok2id: dict[str, int] = {}
 
