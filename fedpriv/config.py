@@ -224,6 +224,33 @@ class AuditConfig(_Strict):
         return self
 
 
+class PrivatizeConfig(_Strict):
+    """Local d_chi-privacy of the training text (a ``[privatize]`` section): before the task and its
+    vocabulary are built, every word of every training user is replaced by M_txt or the Vickrey
+    mechanism (:mod:`fedpriv.privacy.local`), so the vocabulary, the model and every engine see
+    only privatized text; evaluation data stays the original. eta·d_chi per token (Euclidean
+    distance between the embeddings). See docs/local_privacy.md."""
+
+    mechanism: Literal["txt", "vickrey", "rep"] = Field(..., description="txt (M_txt: nearest word to the noised embedding) or vickrey (Xu et al. 2021); rep (vectors) is refused")
+    eta: float = Field(..., description="eta > 0 of eta·d_chi, per token; smaller = more noise (mean noise radius dim/eta)")
+    t: float | None = Field(None, description="vickrey: tuning parameter in [0, 1] (0 = txt); required for vickrey, refused for txt")
+    k: int = Field(2, description="vickrey: candidates (k nearest words); 2 is Xu et al.'s mechanism")
+    embeddings: str = Field(..., min_length=1, description="an NWP run directory or a GloVe-style text file (checked before any data is read)")
+    max_words: int | None = Field(None, ge=1, description="GloVe file: keep its first N vectors")
+    seed: int | None = Field(None, description="seed of the mechanism's jax.random key (default: the experiment's seed)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "PrivatizeConfig":
+        from fedpriv.errors import FedprivError
+        from fedpriv.privacy.local.corpus import check_text_mechanism
+
+        try:  # impossible parameters are refused before any data is read
+            check_text_mechanism(self.mechanism, self.eta, self.t, self.k)
+        except FedprivError as e:
+            raise ValueError(str(e)) from None
+        return self
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., min_length=1)
     seed: int = 0
@@ -234,6 +261,7 @@ class ExperimentConfig(_Strict):
     privacy: PrivacyConfig | None = None
     federated: FederatedConfig | None = None
     canaries: CanariesConfig | None = None
+    privatize: PrivatizeConfig | None = None
     audit: AuditConfig = Field(default_factory=AuditConfig)
 
 

@@ -7,6 +7,15 @@ canaries in the training users (the vocabulary stays the clean one; see
 :mod:`fedpriv.memorization.canaries`) and encodes the planted records, so central and federated
 runs of one experiment see identical data. ``data.users = "iid"`` then reshards the planted
 records over users of the same sizes (the IID control of Thakkar et al. 2021).
+
+With a ``[privatize]`` section, :func:`load_training_corpora` replaces every word of the training
+users (after the held-out split and the user filters) by its locally privatized version (M_txt or
+Vickrey, :mod:`fedpriv.privacy.local`), before the task is built: the vocabulary, the model and
+every engine see only privatized text, the evaluation data stays the original. Whatever rebuilds
+a run's task from its config (an audit, :func:`~fedpriv.privacy.local.embeddings.load_run_embeddings`)
+goes through the same function, so it rebuilds the same vocabulary (the mechanism is deterministic
+given ``privatize.seed``). The record of the mechanism and its guarantee goes to the run
+directory's ``privatize.json`` (:meth:`Prepared.save_assets`).
 """
 
 from __future__ import annotations
@@ -15,18 +24,21 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from fedpriv.config import ExperimentConfig, load_config
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.sources import open_corpus
-from fedpriv.errors import FedprivError
+from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.memorization.canaries import Manifest, plant_canaries
 from fedpriv.tasks.base import Batch, Task
 from fedpriv.tasks.registry import build_task
 
 ENCODE_CHUNK = 4096
+#: The run directory's record of the [privatize] stage (mechanism, parameters, embeddings, guarantee).
+PRIVATIZE_FILE = "privatize.json"
 
 
 @dataclass
@@ -38,13 +50,20 @@ class Prepared:
     train_arrays: Batch
     eval_arrays: dict[str, Batch]
     canaries: Manifest | None = None
+    #: What the [privatize] stage did (see :func:`fedpriv.privacy.local.corpus.privatize_training_corpus`).
+    privatized: dict[str, Any] | None = None
 
     def save_assets(self, run_dir: str | os.PathLike[str]) -> None:
         """What an audit or a later run needs besides the parameters: the task's assets (e.g. a
-        tokenizer) and the canary manifest."""
+        tokenizer), the canary manifest, and ``privatize.json`` (the local-privacy stage: mechanism,
+        parameters, embeddings and guarantee)."""
         self.task.save_assets(run_dir)
         if self.canaries is not None:
             self.canaries.save(run_dir)
+        if self.privatized is not None:
+            from fedpriv.jsonio import write_json_atomic
+
+            write_json_atomic(Path(run_dir) / PRIVATIZE_FILE, self.privatized, indent=1)
 
     def summary(self) -> dict:
         out = {
@@ -66,6 +85,9 @@ class Prepared:
         pretrained = getattr(self.task, "pretrained_from", None)
         if pretrained is not None:
             out["pretrained_from"] = str(pretrained)
+        if self.privatized is not None:
+            p = self.privatized
+            out["privatized"] = f"{p['mechanism']} eta={p['eta']:g}" + (f" t={p['t']:g}" if p.get("t") is not None else "")
         return out
 
 
@@ -83,7 +105,37 @@ def encode_corpus(task: Task, corpus: FederatedCorpus) -> Batch:
     return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
 
 
+def check_privatize(cfg: ExperimentConfig) -> None:
+    """Refuse a ``[privatize]`` section that cannot work, before any data is read (its parameters
+    were checked when the config was validated): embeddings that are not there, an unresolved
+    ``run:NAME`` reference, canaries (they would be planted after privatization, in the clear)."""
+    p = cfg.privatize
+    if p is None:
+        return
+    if p.embeddings.startswith("run:"):
+        raise ConfigError(
+            f"privatize.embeddings = {p.embeddings!r}: a run reference is resolved by `fedpriv run` in an experiment file "
+            "(to that run's directory in the store); give the path of a run directory or a GloVe-style file here"
+        )
+    where = Path(p.embeddings)
+    if not where.exists():
+        raise ConfigError(f"privatize.embeddings: {p.embeddings}: no such run directory or embeddings file")
+    if where.is_dir() and p.max_words is not None:
+        raise ConfigError("privatize.max_words applies to a GloVe-style file, not to a run directory")
+    if where.is_dir() and not (where / "params.msgpack").is_file():
+        raise ConfigError(f"privatize.embeddings: {p.embeddings}: the run has no final parameters (params.msgpack); finish it first")
+    if cfg.canaries is not None:
+        raise ConfigError(
+            "[privatize] with [canaries] is not supported: canaries are planted after the vocabulary is built, so they "
+            "would reach training unprivatized, and their memorization would not measure the local mechanism"
+        )
+
+
 def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> tuple[FederatedCorpus, dict[str, FederatedCorpus]]:
+    """(training users, evaluation corpora by name) of ``cfg``: loaded, filtered, split; with a
+    ``[privatize]`` section the training users' words privatized (``train.info["privatized"]``
+    holds the record)."""
+    check_privatize(cfg)
     d = cfg.data
     log(f"loading {d.source} ...")
     corpus = open_corpus(d.source, format=d.format, **d.options)
@@ -98,6 +150,12 @@ def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> 
             raise FedprivError(f"data.eval_source holds {evals['eval'].kind} examples but data.source holds {corpus.kind} ones")
     elif d.heldout_fraction > 0:
         corpus, evals["heldout"] = corpus.split_heldout_users(d.heldout_fraction, salt=f"{cfg.name}:{cfg.seed}")
+    if cfg.privatize is not None:
+        from fedpriv.privacy.local.corpus import privatize_training_corpus
+
+        settings = cfg.privatize.model_copy(update={"seed": cfg.seed if cfg.privatize.seed is None else cfg.privatize.seed})
+        corpus, record = privatize_training_corpus(corpus, settings, log)
+        corpus.info["privatized"] = record
     return corpus, evals
 
 
@@ -106,6 +164,7 @@ def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[st
     cfg = config if isinstance(config, ExperimentConfig) else load_config(Path(config))
     say = log or (lambda _msg: None)
     train, evals = load_training_corpora(cfg, say)
+    privatized = train.info.get("privatized")
     say(f"{train.num_users} training users, {train.num_examples} examples; building the {cfg.task.kind} task ...")
     task = build_task(cfg, train)
     manifest = None
@@ -116,4 +175,4 @@ def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[st
         say(f"users resharded IID: {train.num_users} users keep their example counts, records shuffled")
     arrays = encode_corpus(task, train)
     eval_arrays = {name: encode_corpus(task, c) for name, c in evals.items()}
-    return Prepared(cfg, train, evals, task, arrays, eval_arrays, manifest)
+    return Prepared(cfg, train, evals, task, arrays, eval_arrays, manifest, privatized)

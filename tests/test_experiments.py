@@ -245,6 +245,36 @@ def test_a_store_refuses_a_changed_run_or_another_experiment(uninterrupted, tmp_
         run_experiment(other, store)
 
 
+def test_a_store_written_before_a_schema_addition_still_matches(tmp_path):
+    """Keys a newer schema adds with their defaults (e.g. ``privatize``) do not count as a change."""
+    from fedpriv.report.store import check_store
+
+    exp = tmp_path / "mini.toml"
+    exp.write_text(MINI)
+    name, specs = load_experiment(exp)
+    old = [{"name": s.name, "kind": s.kind, "config": {k: v for k, v in s.raw.items() if k != "privatize"}} for s in specs]
+    (tmp_path / "store" / specs[0].name).mkdir(parents=True)
+    (tmp_path / "store" / "experiment.json").write_text(json.dumps({"name": name, "runs": old}))
+    check_store(tmp_path / "store", name, specs)  # accepted
+    old[0]["config"]["training"]["steps"] += 1
+    (tmp_path / "store" / "experiment.json").write_text(json.dumps({"name": name, "runs": old}))
+    with pytest.raises(FedprivError, match="config changed"):
+        check_store(tmp_path / "store", name, specs)
+
+
+def test_privatize_embeddings_may_name_an_earlier_run(tmp_path):
+    from fedpriv.report.grid import resolve_run_refs
+
+    runs = [
+        {"name": "base", "kind": "central"},
+        {"name": "txt", "kind": "central", "privatize": {"mechanism": "txt", "eta": 8.0, "embeddings": "run:base"}},
+    ]
+    base, txt = expand_experiment({**BASE, "runs": runs})
+    assert resolve_run_refs(txt, tmp_path).config.privatize.embeddings == str((tmp_path / "base").resolve())
+    with pytest.raises(ConfigError, match="privatize.embeddings = 'run:base' names no earlier run"):
+        expand_experiment({**BASE, "runs": runs[::-1]})
+
+
 NER_GRID = """
 name = "ner-grid"
 seed = 0

@@ -396,7 +396,7 @@ def test_privatize_cli_end_to_end(cli, coffee_posts, coffee_glove, tmp_path, cap
     args = ["privatize", str(coffee_posts), "--embeddings", str(coffee_glove), "--eta", "4", "--out", str(out), "--seed", "3", "--progress-every", "50"]
     assert cli([*args, "--mechanism", "vickrey", "--t", "0.25"]) == 0
     err = capsys.readouterr().err
-    assert "50/116 users read" in err and "wrote" in err
+    assert "50/116 users privatized" in err and "wrote" in err
     source, private = open_corpus(str(coffee_posts)), open_corpus(str(out))
     assert sorted(private.user_ids) == sorted(source.user_ids)
     assert all(len(private[u]) == len(source[u]) for u in source.user_ids)

@@ -30,6 +30,8 @@ A run can start from an earlier run of the same experiment: ``task.options.pretr
 "run:NAME"`` (a BERT chain: pretrain, continue pretraining, fine-tune) names the run ``NAME``
 of this experiment, which must come earlier in the file; the store resolves it to that run's
 directory (:func:`resolve_run_refs`) and composes the privacy of the chain in its report.
+``privatize.embeddings = "run:NAME"`` (local privatization with the embeddings of an earlier run)
+is resolved the same way.
 
 A run may also override ``data``, ``vocab``, ``task`` (e.g. one experiment over two NER
 datasets) and ``canaries`` (a ``[canaries]`` table given in one run plants canaries in that run's
@@ -55,8 +57,8 @@ from typing import Any
 from fedpriv.config import ExperimentConfig, validate_config
 from fedpriv.errors import ConfigError
 
-RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "audit", "grid"}
-SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "audit")
+RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "grid"}
+SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 
 
@@ -66,6 +68,21 @@ RUN_REF = "run:"
 def run_refs(config: ExperimentConfig) -> dict[str, str]:
     """``task.options`` keys whose value names another run of the experiment (``"run:NAME"``) -> NAME."""
     return {k: v[len(RUN_REF):] for k, v in config.task.options.items() if isinstance(v, str) and v.startswith(RUN_REF)}
+
+
+def privatize_ref(config: ExperimentConfig) -> str | None:
+    """NAME when ``privatize.embeddings = "run:NAME"`` (local privatization with another run's embeddings)."""
+    p = config.privatize
+    return p.embeddings[len(RUN_REF):] if p is not None and p.embeddings.startswith(RUN_REF) else None
+
+
+def _all_refs(config: ExperimentConfig) -> dict[str, str]:
+    """Every run reference of ``config``: dotted key -> run name."""
+    refs = {f"task.options.{k}": v for k, v in run_refs(config).items()}
+    emb = privatize_ref(config)
+    if emb is not None:
+        refs["privatize.embeddings"] = emb
+    return refs
 
 
 @dataclass(frozen=True)
@@ -183,10 +200,10 @@ def expand_experiment(raw: dict[str, Any], origin: str = "experiment") -> list[R
             specs.append(RunSpec(name, kind, validate_config(merged, where)))
     names = [s.name for s in specs]
     for i, s in enumerate(specs):
-        for key, ref in run_refs(s.config).items():
+        for key, ref in _all_refs(s.config).items():
             if ref not in names[:i]:
                 later = " (it comes later: move it up)" if ref in names else ""
-                raise ConfigError(f"{origin}: run {s.name!r}: task.options.{key} = 'run:{ref}' names no earlier run{later}")
+                raise ConfigError(f"{origin}: run {s.name!r}: {key} = 'run:{ref}' names no earlier run{later}")
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
         raise ConfigError(f"{origin}: two runs are named {dup!r}")
@@ -211,11 +228,12 @@ def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
 
 
 def resolve_run_refs(spec: RunSpec, store: str | os.PathLike[str]) -> RunSpec:
-    """``spec`` with every ``"run:NAME"`` of its task options replaced by the absolute path of that run in ``store``."""
-    refs = run_refs(spec.config)
+    """``spec`` with every ``"run:NAME"`` (task options, ``privatize.embeddings``) replaced by the
+    absolute path of that run in ``store``."""
+    refs = _all_refs(spec.config)
     if not refs:
         return spec
     raw = spec.raw
     for key, ref in refs.items():
-        raw["task"]["options"][key] = str((Path(store) / ref).resolve())
+        _set_path(raw, key, str((Path(store) / ref).resolve()))
     return RunSpec(spec.name, spec.kind, validate_config(raw, f"run {spec.name!r}"))

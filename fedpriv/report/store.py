@@ -34,7 +34,8 @@ EXPERIMENT_FILE, RUN_CONFIG, SUMMARY_FILE = "experiment.json", "run-config.json"
 
 def _data_key(spec: RunSpec) -> str:
     c = spec.config
-    return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None], sort_keys=True)
+    return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None,
+                       c.privatize.model_dump() if c.privatize else None], sort_keys=True)
 
 
 def run_summary(spec: RunSpec, run_dir: Path, seconds: float | None, starts_from: dict[str, str] | None = None) -> dict[str, Any]:
@@ -51,6 +52,8 @@ def run_summary(spec: RunSpec, run_dir: Path, seconds: float | None, starts_from
         out["eval_source"] = c.data.eval_source
     if starts_from:
         out["starts_from"] = dict(starts_from)
+    if (run_dir / "privatize.json").is_file():  # local privatization of the training text, with its guarantee
+        out["privatize"] = json.loads((run_dir / "privatize.json").read_text())
     tokenizer = run_dir / "tokenizer.json"
     if tokenizer.is_file():
         out["vocabulary"] = json.loads(tokenizer.read_text()).get("vocabulary")
@@ -100,6 +103,16 @@ def _train(spec: RunSpec, prepared: Prepared, run_dir: Path, stop_after: int | N
     return (run_dir / "params.msgpack").is_file()
 
 
+def _normalized(raw: dict[str, Any]) -> dict[str, Any]:
+    """A stored run config re-validated, so keys a newer schema adds with their defaults compare equal."""
+    from fedpriv.config import validate_config
+
+    try:
+        return validate_config(raw).model_dump()
+    except FedprivError:
+        return raw
+
+
 def check_store(store: Path, name: str, specs: list[RunSpec]) -> None:
     """Refuse a store that holds another experiment, or a run whose config changed."""
     path = store / EXPERIMENT_FILE
@@ -108,7 +121,7 @@ def check_store(store: Path, name: str, specs: list[RunSpec]) -> None:
     old = json.loads(path.read_text())
     if old.get("name") != name:
         raise FedprivError(f"{store} holds experiment {old.get('name')!r}, not {name!r}; use another --out")
-    before = {r["name"]: r["config"] for r in old.get("runs", [])}
+    before = {r["name"]: _normalized(r["config"]) for r in old.get("runs", [])}
     for s in specs:
         if s.name in before and before[s.name] != s.raw and (store / s.name).exists():
             raise FedprivError(f"{store / s.name}: the run's config changed since it was started; delete that directory or use another --out")

@@ -113,6 +113,9 @@ def privacy_columns(summary: Mapping[str, Any]) -> tuple[float | None, float | N
         return summary["epsilon"], summary.get("delta"), text
     if summary.get("client_epsilon") is not None:
         return summary["client_epsilon"], summary.get("client_delta"), summary.get("client_guarantee") or "client-side DP-SGD"
+    local = summary.get("privatize")
+    if local:  # no DP on the model, but the training text was privatized on the client
+        return None, None, f"{NOT_PRIVATE} (no DP on the model); training text locally privatized: {local.get('guarantee', local.get('mechanism'))}"
     return None, None, NOT_PRIVATE
 
 

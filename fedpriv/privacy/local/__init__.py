@@ -3,6 +3,8 @@ the user (Qu et al. 2021; Feyisetan et al. 2020; the Vickrey mechanism of Xu et 
 
 * :mod:`~fedpriv.privacy.local.mechanisms`: noise, M_rep, M_txt, Vickrey, sequences;
 * :mod:`~fedpriv.privacy.local.embeddings`: the embedding space (a fedpriv NWP run, or GloVe text);
+* :mod:`~fedpriv.privacy.local.corpus`: a corpus's users privatized user by user (``fedpriv
+  privatize`` and the ``[privatize]`` stage of the training pipeline);
 * :mod:`~fedpriv.privacy.local.measure`: plausible deniability statistics and embedding inversion;
 * :mod:`~fedpriv.privacy.local.cli`: ``fedpriv privatize``.
 
@@ -31,6 +33,8 @@ _WHERE = {
     "vickrey_probabilities": "mechanisms",
     "vickrey_select": "mechanisms",
     "vickrey_tokens": "mechanisms",
+    "privatize_training_corpus": "corpus",
+    "privatize_users": "corpus",
     "corpus_words": "measure",
     "plausible_deniability": "measure",
     "plot_deniability": "measure",
@@ -59,6 +63,8 @@ __all__ = [
     "privatize_streams",
     "privatize_text",
     "privatize_tokens",
+    "privatize_training_corpus",
+    "privatize_users",
     "sample_noise",
     "token_inversion",
     "vickrey_probabilities",

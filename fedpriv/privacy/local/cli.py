@@ -91,13 +91,11 @@ def privatize_corpus(
     Keys: user number i (in the corpus's user order) privatizes with ``fold_in(key(seed), i)``,
     its token j (counting over its examples in order) with ``fold_in(that, j)``; so a user's output
     depends only on the seed, its position and its own words, not on ``batch_tokens``."""
-    import jax
-    import numpy as np
-
     from fedpriv import __version__
     from fedpriv.data.sources import open_corpus
+    from fedpriv.privacy.local.corpus import KEY_SCHEME, NOT_COVERED, new_stats, privatize_users
     from fedpriv.privacy.local.embeddings import load_embeddings
-    from fedpriv.privacy.local.mechanisms import guarantee_note, privatize_streams
+    from fedpriv.privacy.local.mechanisms import guarantee_note
 
     say = log or _say
     tv = check_parameters(mechanism, eta, t, k)
@@ -118,67 +116,24 @@ def privatize_corpus(
     corpus = open_corpus(source, format=format, **(options or {}))
     if corpus.kind != "text":
         raise FedprivError(f"{source}: holds {corpus.kind} (NER) examples; privatize handles text corpora (next-word prediction data)")
-    index = space.index()
-    root = jax.random.key(seed)
     total_users = corpus.num_users
     say(f"privatizing {total_users:,} users of {corpus.name} with {mechanism} at eta = {eta:g}" + (f", t = {tv:g}, k = {k}" if tv is not None else ""))
 
-    stats = {"users": 0, "examples": 0, "tokens": 0, "changed": 0, "oov": 0, "done": 0}
+    stats = new_stats()
     tmp = out.with_name(out.name + ".partial")
-    pending: list[tuple[int, str, list]] = []
-    pending_tokens = 0
-
-    def flush(f: Any) -> None:
-        nonlocal pending, pending_tokens
-        if not pending:
-            return
-        streams, positions, ids = [], [], []
-        for ui, _u, exs in pending:
-            n = sum(len(ex.words()) for ex in exs)
-            streams.append(np.full(n, ui, np.uint32))
-            positions.append(np.arange(n, dtype=np.uint32))
-            ids.append(space.ids(w for ex in exs for w in ex.words()))
-        flat_ids = np.concatenate(ids)
-        flat_streams, flat_positions = np.concatenate(streams), np.concatenate(positions)
-        # Exactly batch_tokens per call (the last one padded): one program shape, compiled once.
-        new = np.empty_like(flat_ids)
-        for s in range(0, flat_ids.size, batch_tokens):
-            e = min(s + batch_tokens, flat_ids.size)
-            pad = batch_tokens - (e - s)
-            part = [np.concatenate([a[s:e], np.full(pad, fill, a.dtype)]) for a, fill in ((flat_streams, 0), (flat_positions, 0), (flat_ids, space.oov_id))]
-            new[s:e] = privatize_streams(root, part[0], part[1], part[2], index, eta, mechanism, tv, k)[: e - s]
-        stats["done"] += int(flat_ids.size)
-        stats["changed"] += int(np.sum(new != flat_ids))
-        stats["oov"] += int(np.sum(flat_ids == space.oov_id))
-        words = space.words
-        at = 0
-        for _ui, u, exs in pending:
-            for ex in exs:
-                n = len(ex.words())
-                row: dict[str, Any] = {"user_id": u, "text": " ".join(words[i] for i in new[at : at + n])}
-                if ex.timestamp is not None:
-                    row["timestamp"] = ex.timestamp
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                at += n
-        pending, pending_tokens = [], 0
-
+    written = 0
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            for ui, (u, exs) in enumerate(corpus.users()):
-                if ui >= 2**32:
-                    raise FedprivError("more than 2**32 users")
-                n = sum(len(ex.words()) for ex in exs)
-                pending.append((ui, u, exs))
-                pending_tokens += n
-                stats["users"] += 1
-                stats["examples"] += len(exs)
-                stats["tokens"] += n
-                if pending_tokens >= batch_tokens:
-                    flush(f)
-                if stats["users"] % progress_every == 0:
+            for u, exs, new in privatize_users(corpus.users(), space, mechanism, eta, tv, k, seed, batch_tokens, stats=stats):
+                for ex, words in zip(exs, new):
+                    row: dict[str, Any] = {"user_id": u, "text": " ".join(words)}
+                    if ex.timestamp is not None:
+                        row["timestamp"] = ex.timestamp
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                written += 1
+                if written % progress_every == 0:
                     rate = stats["done"] / max(time.perf_counter() - t0, 1e-9)
-                    say(f"  {stats['users']:,}/{total_users:,} users read, {stats['done']:,} tokens privatized ({rate:,.0f} tokens/s)")
-            flush(f)
+                    say(f"  {written:,}/{total_users:,} users privatized, {stats['done']:,} tokens ({rate:,.0f} tokens/s)")
         os.replace(tmp, out)
     finally:
         if tmp.exists():
@@ -199,8 +154,8 @@ def privatize_corpus(
         "seed": seed,
         "embeddings": {"spec": str(embeddings), **space.describe()},
         "guarantee": guarantee_note(float(eta), mechanism),
-        "keys": "user i (corpus order) uses fold_in(jax.random.key(seed), i); its token j (over its examples in order) fold_in(that, j)",
-        "not_covered": "user ids, the number of examples per user, the number of words per example and timestamps are copied as they are",
+        "keys": KEY_SCHEME,
+        "not_covered": NOT_COVERED,
         "users": stats["users"],
         "examples": stats["examples"],
         "tokens": stats["tokens"],

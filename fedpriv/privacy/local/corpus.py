@@ -1,0 +1,203 @@
+"""Privatize the words of a corpus's users, user by user: the one implementation behind
+``fedpriv privatize`` (:mod:`fedpriv.privacy.local.cli`, which writes the result as JSON Lines) and
+the ``[privatize]`` stage of the training pipeline (:func:`privatize_training_corpus`, which keeps
+it in memory as a :class:`~fedpriv.data.corpus.FederatedCorpus`).
+
+Keys: user number i (in the corpus's user order) privatizes with ``fold_in(key(seed), i)``, its
+token j (counting over its examples in order) with ``fold_in(that, j)``; a user's output depends
+only on the seed, its position and its own words, never on how users are batched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Optional
+
+import numpy as np
+
+from fedpriv.data.examples import Example, TaggedExample, TextExample
+from fedpriv.errors import FedprivError, PrivacyParameterError
+
+KEY_SCHEME = "user i (corpus order) uses fold_in(jax.random.key(seed), i); its token j (over its examples in order) fold_in(that, j)"
+NOT_COVERED = "user ids, the number of examples per user, the number of words per example and timestamps are copied as they are"
+NOT_COVERED_TAGGED = NOT_COVERED + "; NER tags are kept as they are (they are not privatized: where the entities are, and their types, leave the user)"
+
+
+def new_stats() -> dict[str, int]:
+    """Counters :func:`privatize_users` updates: users, examples, tokens (read), done (privatized),
+    changed (output differs from input id), oov (inputs outside the embedding vocabulary)."""
+    return {"users": 0, "examples": 0, "tokens": 0, "changed": 0, "oov": 0, "done": 0}
+
+
+def _lookup(space: Any, casefold: bool) -> Callable[[list[str]], np.ndarray]:
+    if not casefold:
+        return space.ids
+    # Tagged (NER) tokens keep their case; embedding vocabularies are lowercase: a word the space
+    # lacks is looked up lowercased (the case itself is not output, so it does not leak).
+    return lambda words: np.array([space.id(w) if w in space else space.id(w.lower()) for w in words], dtype=np.int64)
+
+
+def privatize_users(
+    users: Iterable[tuple[str, list[Example]]],
+    space: Any,
+    mechanism: str,
+    eta: float,
+    t: Optional[float] = None,
+    k: int = 2,
+    seed: int = 0,
+    batch_tokens: int = 8192,
+    casefold: bool = False,
+    stats: Optional[dict[str, int]] = None,
+) -> Iterator[tuple[str, list[Example], list[list[str]]]]:
+    """``(user_id, examples, new words of each example)`` for every user, in order.
+
+    Each word becomes :func:`~fedpriv.privacy.local.mechanisms.privatize_streams`'s output
+    (M_txt, or Vickrey with ``t`` and ``k``) on ``space`` (an
+    :class:`~fedpriv.privacy.local.embeddings.EmbeddingSpace`); users are batched, ``batch_tokens``
+    tokens per call (the last padded: one program shape), which does not change the output.
+    ``casefold``: look a word the space lacks up lowercased (tagged corpora). ``stats`` (see
+    :func:`new_stats`) is updated as users are read and privatized. Parameters are the caller's
+    to check (:func:`check_text_mechanism`)."""
+    import jax
+
+    from fedpriv.privacy.local.mechanisms import privatize_streams
+
+    if not 1 <= batch_tokens <= 65536:
+        raise FedprivError("batch_tokens must be in [1, 65536]")
+    st = stats if stats is not None else new_stats()
+    index = space.index()
+    root = jax.random.key(seed)
+    ids_of = _lookup(space, casefold)
+    pending: list[tuple[int, str, list[Example]]] = []
+    pending_tokens = 0
+
+    def flush() -> Iterator[tuple[str, list[Example], list[list[str]]]]:
+        nonlocal pending, pending_tokens
+        if not pending:
+            return
+        streams, positions, ids = [], [], []
+        for ui, _u, exs in pending:
+            n = sum(len(ex.words()) for ex in exs)
+            streams.append(np.full(n, ui, np.uint32))
+            positions.append(np.arange(n, dtype=np.uint32))
+            ids.append(ids_of([w for ex in exs for w in ex.words()]))
+        flat_ids = np.concatenate(ids)
+        flat_streams, flat_positions = np.concatenate(streams), np.concatenate(positions)
+        new = np.empty_like(flat_ids)
+        for s in range(0, flat_ids.size, batch_tokens):
+            e = min(s + batch_tokens, flat_ids.size)
+            pad = batch_tokens - (e - s)
+            part = [np.concatenate([a[s:e], np.full(pad, fill, a.dtype)]) for a, fill in ((flat_streams, 0), (flat_positions, 0), (flat_ids, space.oov_id))]
+            new[s:e] = privatize_streams(root, part[0], part[1], part[2], index, eta, mechanism, t, k)[: e - s]
+        st["done"] += int(flat_ids.size)
+        st["changed"] += int(np.sum(new != flat_ids))
+        st["oov"] += int(np.sum(flat_ids == space.oov_id))
+        words = space.words
+        at = 0
+        batch, pending, pending_tokens = pending, [], 0
+        for _ui, u, exs in batch:
+            out = []
+            for ex in exs:
+                n = len(ex.words())
+                out.append([words[i] for i in new[at : at + n]])
+                at += n
+            yield u, exs, out
+
+    for ui, (u, exs) in enumerate(users):
+        if ui >= 2**32:
+            raise FedprivError("more than 2**32 users")
+        n = sum(len(ex.words()) for ex in exs)
+        pending.append((ui, u, exs))
+        pending_tokens += n
+        st["users"] += 1
+        st["examples"] += len(exs)
+        st["tokens"] += n
+        if pending_tokens >= batch_tokens:
+            yield from flush()
+    yield from flush()
+
+
+def privatized_example(ex: Example, words: list[str]) -> Example:
+    """``ex`` with its words replaced (a tagged example keeps its tags)."""
+    if isinstance(ex, TaggedExample):
+        return TaggedExample(tuple(words), ex.tags, ex.timestamp)
+    return TextExample(" ".join(words), ex.timestamp)
+
+
+def check_text_mechanism(mechanism: str, eta: float, t: Optional[float], k: int) -> tuple[float, Optional[float]]:
+    """``(eta, t)`` for a mechanism that outputs words, or PrivacyParameterError (before any work):
+    rep (vectors), eta <= 0 or not finite, t outside [0, 1], t without vickrey or vickrey without t,
+    k < 2."""
+    from fedpriv.privacy.local.mechanisms import check_eta, check_mechanism, check_t
+
+    check_mechanism(mechanism)
+    if mechanism == "rep":
+        raise PrivacyParameterError(
+            "mechanism 'rep' (M_rep) adds noise to embeddings and outputs vectors, not words: it cannot privatize a "
+            "text corpus. Use 'txt' (nearest word to the noised embedding) or 'vickrey' (first or second nearest word)"
+        )
+    e = check_eta(eta)
+    if mechanism == "txt":
+        if t is not None:
+            raise PrivacyParameterError("t is the Vickrey tuning parameter: use it with mechanism 'vickrey' (txt is t = 0)")
+        return e, None
+    if t is None:
+        raise PrivacyParameterError("mechanism 'vickrey' needs t in [0, 1] (0 = txt; larger favours the second nearest word)")
+    tv = check_t(t)
+    if int(k) < 2:
+        raise PrivacyParameterError(f"k must be >= 2 for the Vickrey mechanism, got {k}")
+    return e, tv
+
+
+def privatize_training_corpus(corpus: Any, settings: Any, log: Callable[[str], None] | None = None) -> tuple[Any, dict[str, Any]]:
+    """The training users of ``corpus`` with every word privatized (``settings``: a
+    :class:`fedpriv.config.PrivatizeConfig` with its seed resolved, or anything with its
+    attributes), in the same user order, with the same examples per user and words per example
+    (tagged examples keep their tags); and the record of what was done (for ``privatize.json``).
+    Held in memory."""
+    import time
+
+    from fedpriv.data.corpus import FederatedCorpus
+    from fedpriv.data.stores import MemoryStore
+    from fedpriv.privacy.local.embeddings import load_embeddings
+    from fedpriv.privacy.local.mechanisms import guarantee_note
+
+    say = log or (lambda _m: None)
+    eta, t = check_text_mechanism(settings.mechanism, settings.eta, settings.t, settings.k)
+    k = int(settings.k)
+    t0 = time.perf_counter()
+    space = load_embeddings(settings.embeddings, settings.max_words, say)
+    say(
+        f"privatizing the {corpus.num_users} training users' words with {settings.mechanism} at eta = {eta:g}"
+        + (f", t = {t:g}, k = {k}" if t is not None else "")
+        + f" (seed {settings.seed}; embeddings {space.source}: {len(space):,} x {space.dim}, {space.allowed.size:,} output words)"
+    )
+    tagged = corpus.kind == "tagged"
+    stats = new_stats()
+    users: dict[str, list[Example]] = {}
+    for u, exs, new in privatize_users(corpus.users(), space, settings.mechanism, eta, t, k, int(settings.seed), casefold=tagged, stats=stats):
+        users[u] = [privatized_example(ex, words) for ex, words in zip(exs, new)]
+    order = list(corpus.user_ids)
+    out = FederatedCorpus(MemoryStore(users, corpus.kind), corpus.name).subset(order, name=f"{corpus.name}[privatized {settings.mechanism} eta={eta:g}]")
+    seconds = time.perf_counter() - t0
+    changed = stats["changed"] / max(1, stats["tokens"])
+    say(f"privatized {stats['tokens']:,} tokens in {seconds:.1f} s: {changed:.1%} changed, {stats['oov']:,} outside the embedding vocabulary")
+    record = {
+        "mechanism": settings.mechanism,
+        "eta": eta,
+        "t": t,
+        "k": k if settings.mechanism == "vickrey" else None,
+        "seed": int(settings.seed),
+        "embeddings": {"spec": str(settings.embeddings), **space.describe()},
+        "guarantee": guarantee_note(eta, settings.mechanism),
+        "keys": KEY_SCHEME,
+        "privatized": "the training users' words (after the held-out split and user filters); evaluation data is the original text",
+        "not_covered": NOT_COVERED_TAGGED if tagged else NOT_COVERED,
+        "users": stats["users"],
+        "examples": stats["examples"],
+        "tokens": stats["tokens"],
+        # Measured on the raw text (the training simulation holds it anyway); not part of the guarantee.
+        "raw_text_statistics": {"changed_fraction": changed, "oov_inputs": stats["oov"]},
+        "seconds": seconds,
+    }
+    return out, record
