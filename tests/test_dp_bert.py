@@ -151,7 +151,7 @@ def test_shipped_dp_bert_experiment_expands_to_the_papers_table():
     assert {by[n].privacy.target_epsilon for n in ("dp-eps1.0", "dp-eps8.0")} == {1.0, 8.0}
     assert all(by[n].privacy.sampling == "poisson" for n in ("dp-eps1.0", "dp-eps8.0"))
     tuned = [s for s in specs if s.config.task.kind == "bert-ner"]
-    assert {s.config.task.options["pretrained"] for s in tuned} == {"run:public", "run:nonprivate", "run:dp-eps1.0", "run:dp-eps8.0"}
+    assert {s.config.task.options["pretrained"] for s in tuned} == {"run:public", "run:nonprivate", "run:dp-eps1.0", "run:dp-eps8.0", "run:dp-public-vocab-eps1.0", "run:dp-public-vocab-eps8.0"}
     assert {Path(s.config.data.source).parent.name for s in tuned} == {"ncbi-disease", "wnut17"}
     assert set(by["nonprivate"].canaries.patterns) == {"HS", "HSH", "HHSHH"}
 

@@ -144,6 +144,7 @@ def encoder_rows(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
             "stages": stages,
             "composed": {src: compose(stages, src) for src in private},
             "mlm_accuracy": s.get("eval_accuracy"),
+            "mlm_eval": dataset_label(s["eval_source"]) if s.get("eval_source") else f"held-out users of {dataset_label(s.get('data_source', '?'))}",
             "exposure_mean_bits": audit.get("exposure_mean"),
             "f1": {dataset_label(t.get("eval_source") or t.get("data_source", "?")): t.get("eval_f1") for t in tuned},
         })
@@ -168,15 +169,19 @@ def chains_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
     private = private_sources(summaries)
     datasets = list(dict.fromkeys(k for r in rows for k in r["f1"]))
     head = ["encoder", "vocabulary", "tokens", "pieces/word", *[f"ε on {dataset_label(p)}" for p in private],
-            "MLM acc. (%)", "exposure (bits)", *[f"F1 {d} (%)" for d in datasets]]
+            "MLM acc. (%) on", "exposure (bits) of max", *[f"F1 {d} (%)" for d in datasets]]
     lines = ["# Pretrained encoders and fine-tuning (Hoory et al. 2021, Table 2)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [r["encoder"], r["vocabulary"], str(r["vocab_size"]), f"{r['pieces_per_word']:.2f}" if r["pieces_per_word"] else "-",
-                 *[_eps(r["composed"][p]) for p in private], _pct(r["mlm_accuracy"]),
-                 "-" if r["exposure_mean_bits"] is None else f"{r['exposure_mean_bits']:.2f}", *[_pct(r["f1"].get(d)) for d in datasets]]
+                 *[_eps(r["composed"][p]) for p in private], f"{_pct(r['mlm_accuracy'])} {r['mlm_eval']}",
+                 "-" if r["exposure_mean_bits"] is None else f"{r['exposure_mean_bits']:.2f} of {math.log2(r['vocab_size']):.2f}",
+                 *[_pct(r["f1"].get(d)) for d in datasets]]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "ε of the pretrained encoder (vocabulary and masked-LM stages; fine-tuning is not included: the "
+    lines += ["", "MLM accuracy is on each encoder's own evaluation data (named), so it compares encoders "
+              "evaluated on the same data and vocabulary only. Exposure is the masked-LM secret sharer's mean over the "
+              "canaries (log2 V - log2 rank of the secret among the V tokens); its maximum, log2 V, depends on the vocabulary.",
+              "", "ε of the pretrained encoder (vocabulary and masked-LM stages; fine-tuning is not included: the "
               "fine-tuned taggers are not private on their own training data). Each stage, with its guarantee:", ""]
     for r in rows:
         lines.append(f"- **{r['encoder']}**:")
