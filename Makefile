@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast bench bench-peers clean
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,18 @@ bench: $(STAMP)
 	$(PY) benchmarks/local_privacy.py
 	$(PY) benchmarks/federated_engines.py --model tiny
 	$(PY) benchmarks/federated_engines.py --model small
+	$(MAKE) bench-peers
+
+# fedpriv against Opacus, TensorFlow Privacy, TensorFlow Federated and Flower's built-in DP; each
+# peer in its own environment under .bench-envs/ (created on first use, never in .venv). A peer
+# that cannot be installed is reported on the page, with pip's error (TFF 0.87 on Python 3.11:
+# no jaxlib 0.4.14, so it has no section). Writes docs/benchmarks.md from every section's result
+# in .bench-envs/results/ (a section not rerun keeps its last result and command on the page).
+BENCH_PEERS_SECTIONS ?= epsilon,opacus-nwp,opacus-bert,flower
+BENCH_PEERS_ARGS ?= --repeats 2
+bench-peers: $(STAMP)
+	-bash benchmarks/peers/envs.sh all
+	$(PY) benchmarks/peers/run.py --sections $(BENCH_PEERS_SECTIONS) $(BENCH_PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,200 @@
+"""Flower's built-in DP (``DifferentialPrivacyServerSideFixedClipping`` over ``FedAvg``) against
+fedpriv's DP-FedAvg on the vectorized and the Flower engines. Runs in the project venv: flwr 1.41.0
+is part of fedpriv's own stack, so Flower's strategy needs no environment of its own.
+
+Same work on both sides: the same NWP task and corpus (N users, the whole population every round:
+cohort m = N, so both sides train the same users; Flower's FedAvg samples nodes itself and could
+not be made to pick fedpriv's cohort otherwise), the same client update (fedpriv's jitted local SGD,
+called from a plain Flower ClientApp that returns the updated weights, as Flower's strategy
+expects), the same clip S and noise multiplier z. Flower's simulation has one virtual SuperNode per
+user (node ``partition-id`` = user), as Flower's own examples do.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from fedpriv_side import ROOT  # noqa: F401  (puts the checkout on sys.path)
+
+from fedpriv.clients.data import next_power_of_two  # noqa: E402
+from fedpriv.clients.update import client_key  # noqa: E402
+
+
+ROUND_TIMEOUT_S = 900.0
+
+
+@contextlib.contextmanager
+def single_threaded_scipy_blas():
+    """Run Flower simulations with scipy's OpenBLAS (jaxlib's LAPACK on CPU: the QR of the LSTM's
+    orthogonal initializer) on one thread in this process.
+
+    Why: a Flower simulation starts Ray (which forks subprocesses) while its ServerApp thread runs.
+    OpenBLAS' fork handler stops its worker threads; a multi-threaded OpenBLAS call started by
+    another thread around that moment waits for them forever (seen here: the ServerApp thread
+    spinning in ``exec_blas_async_wait`` inside the orthogonal init's QR, no OpenBLAS worker thread
+    left in the process, the ClientApp actors idle). Only initialization uses LAPACK; no timed
+    work does.
+    """
+    import ctypes
+    import glob
+
+    import scipy
+
+    libs = glob.glob(os.path.join(os.path.dirname(scipy.__file__), "..", "scipy.libs", "libscipy_openblas*.so"))
+    lib = ctypes.CDLL(libs[0]) if libs else None
+    before = lib.scipy_openblas_get_num_threads() if lib else None
+    if lib:
+        lib.scipy_openblas_set_num_threads(1)
+    try:
+        yield
+    finally:
+        if lib:
+            lib.scipy_openblas_set_num_threads(before)
+
+
+def experiment(users: int, rounds: int, model: str, z: float, S: float, strategy: str = "dp-fedavg") -> dict:
+    fed = {
+        "strategy": strategy, "rounds": rounds, "clients_per_round": users, "local_epochs": 1, "local_batch_size": 16,
+        "client_learning_rate": 0.3, "eval_every": 10_000, "num_supernodes": 4, "chunk_size": 128, "clip_norm": S,
+    }
+    if strategy == "dp-fedavg":
+        fed.update(noise_multiplier=z, delta=1e-5)
+    return {
+        "name": "bench-flower-dp", "seed": 0,
+        "data": {"source": f"synthetic:stackoverflow,users={users},examples={users * 400}", "heldout_fraction": 0.0, "max_examples_per_user": 32},
+        "vocab": {"size": 10000, "seq_len": 20},
+        "task": {"kind": "nwp", "model": model},
+        "federated": fed,
+    }
+
+
+def round_seconds(run_dir: Path) -> list[float]:
+    import json
+
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["round_seconds"] for r in rows if r.get("split") == "train"]
+
+
+def run_builtin(cfg_path: Path, users: int, rounds: int, z: float, S: float, initial_params) -> dict:
+    """Flower's FedAvg + DifferentialPrivacyServerSideFixedClipping; per-round wall seconds and the final weights."""
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
+    from flwr.simulation import run_simulation
+
+    from fedpriv.engines.flower_apps import _runtime
+    from fedpriv.strategies.flower import params_to_record, record_to_params
+
+    client = ClientApp()
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        rt = _runtime(str(cfg_path))  # fedpriv's cached client runtime: data, jitted update
+        s = rt.setup
+        user = int(context.node_config["partition-id"])
+        round_ = int(msg.content["config"]["server-round"])
+        params = record_to_params(msg.content["arrays"], rt.template)
+        plan = s.plan(user, round_)
+        batches, mask = s.data.batches(user, plan, next_power_of_two(len(plan)))
+        delta, _ = rt.update(params, batches, mask, client_key(s.seed, round_, user))
+        new = jax.tree_util.tree_map(lambda p, d: p + d, params, delta)
+        return Message(RecordDict({"arrays": params_to_record(new), "metrics": MetricRecord({"num-examples": int(s.data.counts[user]), "dp-weight": 1.0})}), reply_to=msg)
+
+    box: dict = {}
+
+    class Timed(DifferentialPrivacyServerSideFixedClipping):
+        def configure_train(self, server_round, arrays, config, grid):
+            box.setdefault("start", {})[server_round] = time.perf_counter()
+            return super().configure_train(server_round, arrays, config, grid)
+
+        def aggregate_train(self, server_round, replies):
+            out = super().aggregate_train(server_round, replies)
+            box.setdefault("end", {})[server_round] = time.perf_counter()
+            return out
+
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        # The initial weights come from the main thread: no LAPACK work in this thread (see single_threaded_scipy_blas).
+        init = params_to_record(initial_params)
+        # Uniform weights (each reply's "dp-weight" is 1): the user-level sensitivity bound of the noise needs them (Flower's
+        # own accountant interface insists on equal weights too); FedAvg's default "num-examples" weighting would not hold it.
+        strategy = Timed(FedAvg(fraction_train=1.0, fraction_evaluate=0.0, min_train_nodes=users, min_available_nodes=users, weighted_by_key="dp-weight"), z, S, users)
+        # A bounded wait: a ClientApp that never answers fails the round instead of waiting Flower's default hour.
+        result = strategy.start(grid, init, num_rounds=rounds, timeout=ROUND_TIMEOUT_S)
+        box["arrays"] = [a for a in result.arrays.to_numpy_ndarrays()]
+
+    run_simulation(server_app=server, client_app=client, num_supernodes=users, backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0}})
+    secs = [box["end"][r] - box["start"][r] for r in sorted(box["end"])]
+    return {"round_seconds": secs, "arrays": box["arrays"]}
+
+
+def bench(users: int, rounds: int, model: str, z: float, S: float, workdir: Path, log=print) -> dict:
+    import json
+
+    from federated_engines import _toml as toml
+    from fedpriv.config import validate_config
+    from fedpriv.engines.flower_sim import run_flower_simulation
+    from fedpriv.engines.rounds import FederatedSetup
+    from fedpriv.engines.vectorized import run_vectorized
+    from fedpriv.pipeline import prepare
+
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    out: dict = {"flower_weighting": "uniform", "users": users, "clients_per_round": users, "rounds": rounds, "model": model, "noise_multiplier": z, "clip_norm": S}
+    # 1. the same thing: one noise-free round (clip S, z = 0) by fedpriv (fedavg-clip, vectorized) and by Flower.
+    d0 = experiment(users, 1, model, 0.0, S, strategy="fedavg-clip")
+    p0 = workdir / "equiv.toml"
+    p0.write_text(toml(d0))
+    prepared = prepare(validate_config(d0))
+    counts = np.asarray(FederatedSetup(prepared).data.counts)
+    out["example_counts"] = sorted(set(int(c) for c in counts))
+    t = time.perf_counter()
+    vec0 = run_vectorized(prepared, workdir / "equiv-vec")
+    log(f"[flower] fedpriv noise-free round: {time.perf_counter() - t:.1f} s")
+    init_params = FederatedSetup(prepared).initial_params()
+    t = time.perf_counter()
+    with single_threaded_scipy_blas():
+        b0 = run_builtin(p0, users, 1, 0.0, S, init_params)
+    log(f"[flower] Flower noise-free round: {time.perf_counter() - t:.1f} s")
+    a = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(vec0.params)])
+    b = np.concatenate([np.ravel(x) for x in b0["arrays"]])
+    init = np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree_util.tree_leaves(init_params)])
+    out["equiv_update_norm"] = float(np.linalg.norm(a - init))
+    out["equiv_max_abs_diff"] = float(np.max(np.abs(a - b)))
+    out["equiv_rel_diff"] = float(np.linalg.norm(a - b) / max(np.linalg.norm(a - init), 1e-12))
+    # 2. round times with noise: vectorized, fedpriv's Flower engine, Flower's built-in.
+    d = experiment(users, rounds, model, z, S)
+    p = workdir / "dp.toml"
+    p.write_text(toml(d))
+    prepared = prepare(validate_config(d))
+    t = time.perf_counter()
+    res = run_vectorized(prepared, workdir / "dp-vec")
+    out["vectorized_round_seconds"] = round_seconds(workdir / "dp-vec")
+    out["fedpriv_epsilon"] = res.summary.get("epsilon") if isinstance(res.summary, dict) else None
+    log(f"[flower] fedpriv vectorized: {time.perf_counter() - t:.1f} s")
+    t = time.perf_counter()
+    with single_threaded_scipy_blas():
+        run_flower_simulation(p, workdir / "dp-flower")
+    out["fedpriv_flower_round_seconds"] = round_seconds(workdir / "dp-flower")
+    log(f"[flower] fedpriv flower engine: {time.perf_counter() - t:.1f} s")
+    t = time.perf_counter()
+    with single_threaded_scipy_blas():
+        out["builtin_round_seconds"] = run_builtin(p, users, rounds, z, S, FederatedSetup(prepared).initial_params())["round_seconds"]
+    log(f"[flower] Flower built-in DP: {time.perf_counter() - t:.1f} s")
+    try:
+        out["fedpriv_ledger"] = json.loads((workdir / "dp-vec" / "privacy_ledger.json").read_text())
+    except Exception:  # noqa: BLE001
+        pass
+    try:
+        out["fedpriv_summary"] = json.loads(json.dumps(res.summary, default=str))
+    except Exception:  # noqa: BLE001
+        pass
+    return out

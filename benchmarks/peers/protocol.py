@@ -1,0 +1,28 @@
+"""The line protocol between run.py and a peer process (standard library only: it runs in every
+peer's environment). One JSON command per stdin line, one JSON answer per stdout line:
+``{"cmd": "equiv", "k", "lr"[, "variant"]}`` -> ``{"losses"}``, ``{"cmd": "time", "variant", "n"}``
+-> ``{"times"}``, ``{"cmd": "quit"}``; an exception becomes ``{"error"}`` (the driver puts it on the page)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def serve(peer, equiv_variant: bool = True) -> None:
+    """Answer commands for ``peer`` (an object with ``equiv(k, lr[, variant])`` and ``time(variant, n)``) until quit or EOF."""
+    for line in sys.stdin:
+        cmd = json.loads(line)
+        try:
+            if cmd["cmd"] == "quit":
+                break
+            if cmd["cmd"] == "equiv":
+                extra = (cmd.get("variant", "dp-hooks"),) if equiv_variant else ()
+                ans = {"losses": peer.equiv(cmd["k"], cmd["lr"], *extra)}
+            elif cmd["cmd"] == "time":
+                ans = {"times": peer.time(cmd["variant"], cmd["n"])}
+            else:
+                ans = {"error": f"unknown command {cmd['cmd']}"}
+        except Exception as e:  # reported to the driver, which writes it on the page
+            ans = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
+        print(json.dumps(ans), flush=True)
