@@ -352,3 +352,12 @@ def test_plots_are_valid_images_and_deterministic(tmp_path):
     for a, b in zip(first, second):
         _assert_png(a)
         assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_utility_is_entity_f1_when_runs_have_it():
+    from fedpriv.report.tables import utility_points
+
+    nwp = [{"run": "a", "epsilon": None, "test_accuracy": 0.2, "test_f1": None}]
+    assert utility_points(nwp) == [{"run": "a", "epsilon": None, "accuracy": 0.2, "metric": "held-out accuracy"}]
+    ner = [{"run": "b", "epsilon": 3.0, "test_accuracy": 0.92, "test_f1": 0.14}, {"run": "c", "epsilon": None, "test_accuracy": 0.9, "test_f1": None}]
+    assert utility_points(ner) == [{"run": "b", "epsilon": 3.0, "accuracy": 0.14, "metric": "entity F1"}]  # token accuracy is mostly the O tag

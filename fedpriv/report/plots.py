@@ -130,10 +130,11 @@ def plot_epsilon_vs_parameters(curves: Sequence[Mapping[str, Any]], path: str | 
 
 
 def plot_utility_vs_epsilon(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
-    """Held-out accuracy (y, %) against epsilon (x, log scale), one point per run; runs without
+    """Utility (y, %: held-out accuracy, or the points' ``metric``) against epsilon (x, log scale), one point per run; runs without
     epsilon are drawn at the right edge, past a dashed line, at the tick 'not private'.
     Each point: {run, epsilon (None when not private), accuracy (a fraction)}."""
-    fig = _figure(7.0, 4.5)
+    columns = 1 + len(points) // 30 if len(points) > 12 else 0  # legend columns beside the axes
+    fig = _figure(7.0 + 2.6 * columns, 4.5 + 0.06 * max(0, len(points) // max(columns, 1) - 30))
     ax = fig.add_subplot()
     eps = [p["epsilon"] for p in points if p["epsilon"] is not None and p["epsilon"] > 0]
     lo, hi = (min(eps), max(eps)) if eps else (1.0, 1.0)
@@ -149,7 +150,10 @@ def plot_utility_vs_epsilon(points: Sequence[Mapping[str, Any]], path: str | os.
     ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
     ax.minorticks_off()
     ax.set_xlabel("ε (log scale)")
-    ax.set_ylabel("held-out accuracy (%)")
+    ax.set_ylabel(f"{points[0].get('metric', 'held-out accuracy') if points else 'held-out accuracy'} (%)")
     ax.set_title("Utility against privacy")
-    ax.legend(fontsize=8)
+    if len(points) > 12:  # a long legend goes beside the axes, in columns
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=columns)
+    else:
+        ax.legend(fontsize=8)
     return _save(fig, path)

@@ -40,6 +40,7 @@ from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
 from fedpriv.privacy.ledger import LEDGER_FILE, PrivacyLedger
 
 REPORT_DIR = "report"
+MAX_CURVES = 12  # DP runs drawn in epsilon_vs_parameters.png (one row of panels each)
 EXPERIMENT_FILE, SUMMARY_FILE, AUDIT_FILE = "experiment.json", "summary.json", "audit.json"
 NOT_PRIVATE = "not private"
 PLOT_FILES = {
@@ -433,8 +434,10 @@ def exposure_series(run_names: Sequence[str], summaries: Mapping[str, Mapping[st
 
 
 def utility_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """(run, epsilon or None, held-out accuracy as a fraction) of the rows that have an accuracy."""
-    return [{"run": r["run"], "epsilon": r["epsilon"], "accuracy": r["test_accuracy"]} for r in rows if r["test_accuracy"] is not None]
+    """(run, epsilon or None, utility as a fraction, metric name) per row: the test entity F1 when
+    any run has one (NER: token accuracy is dominated by the O tag), else held-out accuracy."""
+    key, metric = ("test_f1", "entity F1") if any(r.get("test_f1") is not None for r in rows) else ("test_accuracy", "held-out accuracy")
+    return [{"run": r["run"], "epsilon": r["epsilon"], "accuracy": r[key], "metric": metric} for r in rows if r.get(key) is not None]
 
 
 def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]:
@@ -492,6 +495,9 @@ def write_report(store: str | os.PathLike[str]) -> Path:
     else:
         notes.append("No per-canary exposure: exposure_vs_insertions.png not drawn.")
     curves = dp_curves(contents, notes)
+    if len(curves) > MAX_CURVES:
+        notes.append(f"epsilon_vs_parameters.png draws the first {MAX_CURVES} of the {len(curves)} DP runs.")
+        curves = curves[:MAX_CURVES]
     if curves:
         plots.plot_epsilon_vs_parameters(curves, out / "epsilon_vs_parameters.png")
         drawn.append("epsilon_vs_parameters.png")
