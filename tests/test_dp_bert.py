@@ -211,7 +211,15 @@ def test_a_dp_bert_chain_runs_and_reports_the_composed_epsilon(tmp_path):
     pub, dp, ner = summaries
     sigma = corollary1_sigma(0.9, 1e-6, 256)
     assert pub["vocabulary"]["dp"]["sigma"] == pytest.approx(sigma) and pub["vocabulary"]["source"] == NCBI
-    assert dp["vocabulary"] == pub["vocabulary"] == ner["vocabulary"]  # the record travels with the tokenizer
+    # the tokenizer carries the settings and the DP guarantee, never the raw-data figures
+    from fedpriv.tasks.bert_run import released_vocabulary
+
+    released = released_vocabulary(pub["vocabulary"])
+    assert dp["vocabulary"] == ner["vocabulary"] == released and released["dp"]["epsilon"] == pytest.approx(0.9)
+    assert json.loads((store / "public-dp-vocab" / "tokenizer.json").read_text())["vocabulary"] == released
+    assert {"longest_example_words", "non_private", "examples"} <= set(pub["vocabulary"]) and not {"longest_example_words", "non_private", "examples"} & set(released)
+    assert "words_before" in pub["vocabulary"]["dp"] and "words_before" not in released["dp"]
+    assert [(store / r / "vocabulary.json").is_file() for r in ("public-dp-vocab", "dp", "ner")] == [True, False, False]
     assert dp["starts_from"] == {"pretrained": "public-dp-vocab"} and ner["starts_from"] == {"pretrained": "dp"}
     assert "add-or-remove-one example" in dp["guarantee"] and dp["audit"]["total"]["canaries"] == 1
 

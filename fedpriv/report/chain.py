@@ -76,8 +76,8 @@ def training_stage(s: Mapping[str, Any]) -> Stage:
     return Stage(s["name"], s.get("task", "?"), s.get("data_source", "?"), eps, s.get("delta"), guarantee, composable)
 
 
-def chain_stages(name: str, summaries: Mapping[str, Mapping[str, Any]]) -> list[Stage]:
-    """The stages of run ``name``: its chain's vocabulary, then each training, first to last."""
+def chain_runs(name: str, summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """Run ``name``, the run it starts from, and so on back to the first (which learned the vocabulary)."""
     seen: list[str] = []
     cur: str | None = name
     while cur is not None:
@@ -85,6 +85,12 @@ def chain_stages(name: str, summaries: Mapping[str, Mapping[str, Any]]) -> list[
             raise ValueError(f"run {name!r}: its chain loops through {cur!r}")
         seen.append(cur)
         cur = (summaries[cur].get("starts_from") or {}).get("pretrained")
+    return seen
+
+
+def chain_stages(name: str, summaries: Mapping[str, Mapping[str, Any]]) -> list[Stage]:
+    """The stages of run ``name``: its chain's vocabulary, then each training, first to last."""
+    seen = chain_runs(name, summaries)
     first = summaries[seen[-1]]
     stages = [vocabulary_stage(seen[-1], first["vocabulary"])] if first.get("vocabulary") else []
     return stages + [training_stage(summaries[n]) for n in reversed(seen)]
@@ -133,7 +139,7 @@ def encoder_rows(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
             continue
         tuned = [t for t in summaries.values() if t.get("task") == "bert-ner" and (t.get("starts_from") or {}).get("pretrained") == name]
         stages = chain_stages(name, summaries)
-        vocab = s.get("vocabulary") or {}
+        vocab = summaries[chain_runs(name, summaries)[-1]].get("vocabulary") or {}  # the full record of the run that learned it
         audit = (s.get("audit") or {}).get("total", {})
         rows.append({
             "encoder": name,

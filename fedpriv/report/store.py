@@ -54,8 +54,10 @@ def run_summary(spec: RunSpec, run_dir: Path, seconds: float | None, starts_from
         out["starts_from"] = dict(starts_from)
     if (run_dir / "privatize.json").is_file():  # local privatization of the training text, with its guarantee
         out["privatize"] = json.loads((run_dir / "privatize.json").read_text())
-    tokenizer = run_dir / "tokenizer.json"
-    if tokenizer.is_file():
+    vocabulary, tokenizer = run_dir / "vocabulary.json", run_dir / "tokenizer.json"
+    if vocabulary.is_file():  # the run learned its vocabulary: the full record (raw-data figures included)
+        out["vocabulary"] = json.loads(vocabulary.read_text())
+    elif tokenizer.is_file():  # inherited with the tokenizer: what a released tokenizer carries
         out["vocabulary"] = json.loads(tokenizer.read_text()).get("vocabulary")
     if spec.kind == "central":
         out.update(algorithm="DP-SGD" if c.privacy else "SGD", order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)

@@ -42,6 +42,13 @@ from fedpriv.models.bert import PRESETS, BertConfig
 from fedpriv.vocab.wordpiece import WordPieceVocab
 
 TOKENIZER_FILE = "tokenizer.json"
+#: The full record of where a run's vocabulary came from, with figures computed from the raw data
+#: (for the data owner and the report; never part of what a released tokenizer carries).
+VOCABULARY_FILE = "vocabulary.json"
+#: What ``tokenizer.json`` keeps of that record: the settings and what the DP guarantee covers.
+RELEASED_KEYS = ("source", "users", "vocab_size", "lowercase", "alphabet", "guarantee")
+RELEASED_DP_KEYS = ("mechanism", "unit", "epsilon", "delta", "delta_requested", "sigma", "laplace_scale", "threshold",
+                    "tuple_size", "partition", "threshold_rule", "words_kept", "guarantee")
 PARAMS_FILE = "params.msgpack"
 CHECKPOINT_META = "checkpoint.json"
 FORMAT = "fedpriv-bert-tokenizer"
@@ -79,15 +86,32 @@ def tokenizer_record(task: Any) -> dict:
         "preset": preset_name(task.cfg),
         "bert": shape_of(task.cfg),
         "vocab_size": len(v),
-        "vocabulary": getattr(task, "vocabulary_record", None),
+        "vocabulary": released_vocabulary(getattr(task, "vocabulary_record", None)),
         "wordpiece": tok.to_json(),
     }
 
 
+def released_vocabulary(record: dict | None) -> dict | None:
+    """The part of a vocabulary record that may travel with the tokenizer: its settings and, for a
+    DP vocabulary, the mechanism's parameters and guarantee; not the figures computed from the raw
+    data (example counts, the longest example, the non-private vocabulary), which stay in the
+    learning run's ``vocabulary.json``."""
+    if record is None:
+        return None
+    out = {k: record[k] for k in RELEASED_KEYS if k in record}
+    dp = record.get("dp")
+    out["dp"] = {k: dp[k] for k in RELEASED_DP_KEYS if k in dp} if dp else None
+    return out
+
+
 def save_tokenizer(task: Any, run_dir: str | os.PathLike[str]) -> Path:
-    """Write ``tokenizer.json`` (see the module docstring) into ``run_dir``."""
+    """Write ``tokenizer.json`` (see the module docstring) into ``run_dir``; a run that learned its
+    vocabulary also gets the full record in ``vocabulary.json``."""
     d = Path(run_dir)
     d.mkdir(parents=True, exist_ok=True)
+    record = getattr(task, "vocabulary_record", None)
+    if record is not None and getattr(task, "pretrained_from", None) is None:
+        write_json_atomic(d / VOCABULARY_FILE, record)
     return write_json_atomic(d / TOKENIZER_FILE, tokenizer_record(task), indent=None)
 
 
