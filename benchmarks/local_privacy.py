@@ -66,7 +66,7 @@ def measure(args: argparse.Namespace) -> dict:
     from fedpriv.privacy.local.embeddings import load_embeddings
     from fedpriv.privacy.local.measure import corpus_words, plausible_deniability, plot_deniability, token_inversion
 
-    space = load_embeddings(args.embeddings, args.max_words, lambda m: print(m, file=sys.stderr))
+    space = load_embeddings(args.embeddings, args.max_words, lambda m: print(m, file=sys.stderr), pieces=True)
     etas = [float(e) for e in args.etas.split(",")]
     key = jax.random.key(args.seed)
     out: dict = {"embeddings": space.describe(), "etas": etas}
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--json", help="Also write the results to this JSON file.")
     ap.add_argument("--measure", action="store_true", help="Plausible deniability and inversion instead of speed.")
-    ap.add_argument("--embeddings", help="--measure: a NWP run directory or a GloVe-style text file.")
+    ap.add_argument("--embeddings", help="--measure: an NWP or BERT run directory, or a GloVe-style text file.")
     ap.add_argument("--max-words", type=int, default=None)
     ap.add_argument("--etas", default="5,10,20,40,80")
     ap.add_argument("--trials", type=int, default=1000)

@@ -127,13 +127,18 @@ def config_check(
     from fedpriv.config import load_config
 
     if path.suffix == ".toml" and path.is_file() and "runs" in tomllib.loads(path.read_text(encoding="utf-8")):
-        from fedpriv.report.grid import load_experiment
+        from fedpriv.report.grid import read_experiment
 
-        name, specs = load_experiment(path)
+        exp = read_experiment(path)
+        name, specs = exp.name, exp.runs
         if as_json:
-            print(json.dumps({"name": name, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}, indent=2))
+            doc: dict = {"name": name, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}
+            if exp.measures:
+                doc["measures"] = [m.model_dump() for m in exp.measures]
+            print(json.dumps(doc, indent=2))
         else:
-            out.print(f"{path}: ok (experiment {name!r}, {len(specs)} runs: {', '.join(s.name for s in specs)})")
+            measures = f"; {len(exp.measures)} measurements: {', '.join(m.name for m in exp.measures)}" if exp.measures else ""
+            out.print(f"{path}: ok (experiment {name!r}, {len(specs)} runs: {', '.join(s.name for s in specs)}{measures})")
         return
     cfg = load_config(path)
     if as_json:

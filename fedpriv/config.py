@@ -269,18 +269,92 @@ def _path_of(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
 
 
+def _config_error(e: ValidationError, origin: str, plain: bool = False) -> ConfigError:
+    """The first problem of ``e`` (and how many more) as a ConfigError; ``plain`` drops pydantic's
+    "Value error, " prefix of a validator's message."""
+    problems = []
+    for err in e.errors():
+        where = _path_of(err["loc"])
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
+        if plain:
+            msg = msg.removeprefix("Value error, ")
+        problems.append(msg if plain and not err["loc"] else f"{where}: {msg}")
+    more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
+    return ConfigError(f"{origin}: {problems[0]}{more}")
+
+
 def validate_config(raw: dict[str, Any], origin: str = "config") -> ExperimentConfig:
     """A parsed TOML table -> ExperimentConfig, or ConfigError naming the first bad key's path."""
     try:
         return ExperimentConfig.model_validate(raw)
     except ValidationError as e:
-        problems = []
-        for err in e.errors():
-            where = _path_of(err["loc"])
-            msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-            problems.append(f"{where}: {msg}")
-        more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
-        raise ConfigError(f"{origin}: {problems[0]}{more}") from None
+        raise _config_error(e, origin) from None
+
+
+class MeasureConfig(_Strict):
+    """One ``[[measure]]`` of an experiment file: the empirical privacy of a local mechanism on an
+    embedding space (Qu et al. 2021, sec. 5.3 plausible deniability, sec. 5.4 token inversion),
+    computed by ``fedpriv run`` after every run finished (:mod:`fedpriv.report.measure_runs`).
+
+    Impossible parameters are refused here, before any training. ``sample`` and
+    ``inversion_tokens`` take ``"all"`` (TOML has no null)."""
+
+    name: str = Field(..., description="names the directory STORE/measure/NAME: letters, digits and _.=+-")
+    embeddings: str = Field(..., min_length=1, description="'run:NAME' (a run of this experiment: NWP or BERT), a run directory, or a GloVe-style .txt")
+    etas: list[float] = Field(..., min_length=1, description="eta > 0 of eta·d_chi, per token; one measurement each")
+    trials: int = Field(1000, ge=1, description="perturbations of each measured token (N_w <= trials)")
+    sample: int | Literal["all"] = Field(300, description="tokens measured for plausible deniability (a random sample of the allowed ones), or 'all'")
+    mechanism: Literal["txt", "vickrey"] = Field("txt", description="the token mechanism of plausible deniability")
+    t: float | None = Field(None, description="vickrey: tuning parameter in [0, 1]; required for vickrey, refused for txt")
+    k: int = Field(2, description="vickrey: candidates (k nearest tokens)")
+    seed: int | None = Field(None, description="seed of the jax.random key (default: the experiment's seed)")
+    max_words: int | None = Field(None, ge=1, description="GloVe file: keep its first N vectors")
+    inversion_source: str | None = Field(None, min_length=1, description="SOURCE of the inversion's corpus (default: the experiment's [data] source and options)")
+    inversion_format: str | None = Field(None, description="format of inversion_source, if not guessed from the path")
+    inversion_options: dict[str, Any] = Field(default_factory=dict, description="loader options of inversion_source")
+    inversion_tokens: int | Literal["all"] = Field(20_000, description="corpus positions attacked (a random sample), 'all', or 0: no inversion")
+
+    @model_validator(mode="after")
+    def _check(self) -> "MeasureConfig":
+        import re
+
+        from fedpriv.errors import FedprivError
+        from fedpriv.privacy.local.corpus import check_text_mechanism
+        from fedpriv.privacy.local.mechanisms import check_eta
+
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$", self.name):
+            raise ValueError(f"name {self.name!r} must be letters, digits and _.=+- (it names a directory)")
+        if isinstance(self.sample, int) and self.sample < 1:
+            raise ValueError(f"sample must be >= 1 or 'all', got {self.sample}")
+        if isinstance(self.inversion_tokens, int) and self.inversion_tokens < 0:
+            raise ValueError(f"inversion_tokens must be >= 0 (0: no inversion) or 'all', got {self.inversion_tokens}")
+        if len(set(self.etas)) != len(self.etas):
+            raise ValueError(f"etas must be distinct, got {self.etas}")
+        try:  # impossible parameters are refused before any training
+            for eta in self.etas:
+                check_eta(eta)
+        except FedprivError as e:
+            raise ValueError(f"etas: {e}") from None
+        try:
+            check_text_mechanism(self.mechanism, self.etas[0], self.t, self.k)
+        except FedprivError as e:
+            raise ValueError(str(e)) from None
+        if self.inversion_source is None and (self.inversion_options or self.inversion_format):
+            raise ValueError("inversion_options and inversion_format apply to inversion_source; give it too (default: the experiment's [data])")
+        return self
+
+
+def validate_measure(raw: Any, origin: str = "measure") -> MeasureConfig:
+    """A ``[[measure]]`` table -> MeasureConfig, or ConfigError naming ``origin`` and the bad key."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{origin}: must be a table")
+    unknown = sorted(set(raw) - set(MeasureConfig.model_fields))
+    if unknown:
+        raise ConfigError(f"{origin}: unknown key {unknown[0]!r} (a [[measure]] takes {', '.join(MeasureConfig.model_fields)})")
+    try:
+        return MeasureConfig.model_validate(raw)
+    except ValidationError as e:
+        raise _config_error(e, origin, plain=True) from None
 
 
 def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:

@@ -33,3 +33,19 @@ def wnut_train() -> Path:
 @pytest.fixture(scope="session")
 def ncbi_train() -> Path:
     return DATA / "ncbi-disease" / "train.tsv"
+
+
+@pytest.fixture
+def run_toml(tmp_path):
+    """Run an experiment given as TOML text into ``tmp_path/store``: (store, summaries), every run finished."""
+
+    def run(text: str, name: str = "experiment.toml"):
+        from fedpriv.report.store import run_experiment
+
+        exp = tmp_path / name
+        exp.write_text(text)
+        store, summaries, complete = run_experiment(exp, tmp_path / "store")
+        assert complete
+        return store, summaries
+
+    return run

@@ -200,14 +200,10 @@ task = {{ kind = "bert-ner", options = {{ pretrained = "run:dp", max_len = 24 }}
 
 
 @pytest.mark.slow
-def test_a_dp_bert_chain_runs_and_reports_the_composed_epsilon(tmp_path):
+def test_a_dp_bert_chain_runs_and_reports_the_composed_epsilon(run_toml):
     from fedpriv.report.tables import write_report
-    from fedpriv.report.store import run_experiment
 
-    exp = tmp_path / "chain.toml"
-    exp.write_text(CHAIN)
-    store, summaries, complete = run_experiment(exp, tmp_path / "store")
-    assert complete
+    store, summaries = run_toml(CHAIN)
     pub, dp, ner = summaries
     sigma = corollary1_sigma(0.9, 1e-6, 256)
     assert pub["vocabulary"]["dp"]["sigma"] == pytest.approx(sigma) and pub["vocabulary"]["source"] == NCBI

@@ -424,7 +424,8 @@ def test_privatize_cli_end_to_end(cli, coffee_posts, coffee_glove, tmp_path, cap
         (["--mechanism", "vickrey", "--eta", "1", "--t", "1.5"], r"must be in \[0, 1\]"),
         (["--mechanism", "vickrey", "--eta", "1"], "needs --t"),
         (["--mechanism", "txt", "--eta", "1", "--t", "0.5"], "use it with --mechanism vickrey"),
-        (["--mechanism", "rep", "--eta", "1"], "outputs vectors, not words"),
+        (["--mechanism", "rep", "--eta", "1"], r"rep writes vectors as a NumPy archive; name it \*\.npz"),
+        (["--mechanism", "rep", "--eta", "1", "--t", "0.5"], "use it with --mechanism vickrey, not rep"),
     ],
 )
 def test_privatize_cli_refuses_bad_parameters(cli, coffee_posts, coffee_glove, tmp_path, capsys, extra, message):
@@ -435,6 +436,33 @@ def test_privatize_cli_refuses_bad_parameters(cli, coffee_posts, coffee_glove, t
 
     assert re.search(message, err), err
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_privatize_cli_rep_writes_the_noised_embeddings_txt_rounds(cli, coffee_posts, coffee_glove, tmp_path, capsys):
+    """M_rep as a corpus of vectors: one row per word, the same keys as txt, so the nearest word to
+    each row is exactly what --mechanism txt writes with the same seed; the noise radius is the
+    Gamma(dim, 1/eta) of the mechanism (mean dim/eta)."""
+    common = ["privatize", str(coffee_posts), "--embeddings", str(coffee_glove), "--eta", "4", "--seed", "5", "--batch-tokens", "700"]
+    assert cli([*common, "--mechanism", "rep", "--out", str(tmp_path / "rep.npz")]) == 0
+    assert cli([*common, "--mechanism", "txt", "--out", str(tmp_path / "txt.jsonl")]) == 0
+    capsys.readouterr()
+    z = np.load(tmp_path / "rep.npz")
+    vectors, offsets, example_user, users = z["vectors"], z["offsets"], z["example_user"], list(z["users"])
+    source, txt = open_corpus(str(coffee_posts)), open_corpus(str(tmp_path / "txt.jsonl"))
+    assert users == list(source.user_ids) and offsets[-1] == vectors.shape[0] and vectors.shape[1] == 16
+    space = load_glove(coffee_glove)
+    examples = [(u, ex) for u in source.user_ids for ex in source[u]]
+    assert len(examples) == len(example_user) == offsets.size - 1
+    from fedpriv.privacy.local.mechanisms import nearest_tokens
+
+    nearest = nearest_tokens(vectors, space)[0][:, 0]
+    want = [w for u in txt.user_ids for ex in txt[u] for w in ex.words()]
+    assert [space.words[i] for i in nearest] == want  # M_txt = nearest word of M_rep, same keys
+    ids = space.ids([w for _u, ex in examples for w in ex.words()])
+    radius = np.linalg.norm(vectors - space.table[ids], axis=1)
+    assert radius.mean() == pytest.approx(16 / 4, rel=0.03)  # E[r] = dim / eta; std/sqrt(n) is < 0.5% here
+    meta = json.loads((tmp_path / "rep.privacy.json").read_text())
+    assert meta["mechanism"] == "rep" and "offsets" in meta["layout"] and "M_rep" in meta["guarantee"]
 
 
 def test_privatize_cli_names_the_malformed_glove_line(cli, coffee_posts, tmp_path, capsys):

@@ -199,7 +199,11 @@ def _layers(task: Task, params: PyTree, batch, rng) -> tuple[dict[tuple, _Layer]
 
 
 def supports_fast(task: Task, params: PyTree, batch: Mapping[str, Any], rng: jax.Array) -> tuple[bool, str]:
-    """Whether :func:`fast_clipped_sum` covers this task's model (checked by tracing, no compute)."""
+    """Whether :func:`fast_clipped_sum` covers this task's model (checked by tracing, no compute).
+    A task may decline through a ``fast_clipping_unsupported`` attribute (a reason, or None)."""
+    reason = getattr(task, "fast_clipping_unsupported", None)
+    if reason:
+        return False, reason
     try:
         jax.eval_shape(lambda p, b: {k: l.sq_norms() for k, l in _layers(task, p, b, rng)[0].items()}, params, dict(batch))
     except FastClippingUnsupported as e:

@@ -33,6 +33,15 @@ directory (:func:`resolve_run_refs`) and composes the privacy of the chain in it
 ``privatize.embeddings = "run:NAME"`` (local privatization with the embeddings of an earlier run)
 is resolved the same way.
 
+After the runs, ``[[measure]]`` entries (see :class:`fedpriv.config.MeasureConfig`) measure what
+eta means on an embedding space: plausible deniability and token inversion (Qu et al. 2021, sec.
+5.3-5.4), computed by ``fedpriv run`` once every run finished (:mod:`fedpriv.report.measure_runs`)::
+
+    [[measure]]
+    name = "nwp-words"
+    embeddings = "run:nonprivate"         # a run of this file (any position), a run dir, or a GloVe .txt
+    etas = [4, 8, 12, 20]
+
 A run may also override ``data``, ``vocab``, ``task`` (e.g. one experiment over two NER
 datasets) and ``canaries`` (a ``[canaries]`` table given in one run plants canaries in that run's
 data only); runs that share those settings share the prepared data, planted canaries included.
@@ -54,9 +63,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedpriv.config import ExperimentConfig, validate_config
+from pydantic import ValidationError
+
+from fedpriv.config import DataConfig, ExperimentConfig, MeasureConfig, validate_config, validate_measure
 from fedpriv.errors import ConfigError
 
+MEASURE_KEY = "measure"
 RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "grid"}
 SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
@@ -169,11 +181,18 @@ def _expand_run(entry: dict[str, Any], where: str) -> list[dict[str, Any]]:
 
 
 def expand_experiment(raw: dict[str, Any], origin: str = "experiment") -> list[RunSpec]:
-    """Every run of a parsed experiment file, validated (see the module docstring)."""
+    """Every run of a parsed experiment file, validated (see the module docstring); its
+    ``[[measure]]`` entries are validated too (:func:`expand_measures` returns them)."""
+    specs = _expand_runs(raw, origin)
+    expand_measures(raw, specs, origin)
+    return specs
+
+
+def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
     entries = raw.get("runs")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{origin}: an experiment needs at least one [[runs]] entry")
-    base = {k: v for k, v in raw.items() if k != "runs"}
+    base = {k: v for k, v in raw.items() if k not in ("runs", MEASURE_KEY)}
     specs: list[RunSpec] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -210,9 +229,64 @@ def expand_experiment(raw: dict[str, Any], origin: str = "experiment") -> list[R
     return specs
 
 
-def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> tuple[str, list[RunSpec]]:
-    """(experiment name, runs) of an experiment TOML file; ``overrides`` (dotted key -> value, e.g.
-    ``{"data.source": "Posts.xml"}``) are applied to the experiment before expansion."""
+def measure_ref(m: MeasureConfig) -> str | None:
+    """NAME when ``embeddings = "run:NAME"`` (the embedding space of a run of the experiment)."""
+    return m.embeddings[len(RUN_REF):] if m.embeddings.startswith(RUN_REF) else None
+
+
+def expand_measures(raw: dict[str, Any], specs: list[RunSpec], origin: str = "experiment") -> list[MeasureConfig]:
+    """The ``[[measure]]`` entries of a parsed experiment file, validated and with their defaults
+    resolved: ``seed`` (the experiment's), the inversion corpus (the experiment's ``[data]``
+    source, format and options). ``embeddings = "run:NAME"`` must name a run of ``specs``."""
+    entries = raw.get(MEASURE_KEY, [])
+    if isinstance(entries, dict):
+        raise ConfigError(f"{origin}: measure must be an array of tables: write [[measure]], not [measure]")
+    if not isinstance(entries, list):
+        raise ConfigError(f"{origin}: measure must be an array of tables ([[measure]] entries)")
+    names = [s.name for s in specs]
+    try:
+        data = DataConfig.model_validate(raw.get("data") or {})
+    except ValidationError:  # the runs' own validation names the problem; the measures need only a default
+        data = DataConfig()
+    seed = specs[0].config.seed if specs else 0
+    out: list[MeasureConfig] = []
+    for i, entry in enumerate(entries):
+        label = entry.get("name") if isinstance(entry, dict) and isinstance(entry.get("name"), str) else None
+        where = f"{origin}: [[measure]] {label!r}" if label else f"{origin}: measure[{i}]"
+        m = validate_measure(entry, where)
+        ref = measure_ref(m)
+        if ref is not None and ref not in names:
+            raise ConfigError(f"{where}: embeddings = 'run:{ref}' names no run of this experiment (runs: {', '.join(names)})")
+        update: dict[str, Any] = {}
+        if m.seed is None:
+            update["seed"] = int(seed)
+        if m.inversion_source is None:
+            update.update(inversion_source=data.source, inversion_format=data.format, inversion_options=dict(data.options))
+        out.append(m.model_copy(update=update))
+    dup = next((m.name for m in out if [x.name for x in out].count(m.name) > 1), None)
+    if dup is not None:
+        raise ConfigError(f"{origin}: two [[measure]] entries are named {dup!r}")
+    return out
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """A parsed experiment file: its name, runs and measurements."""
+
+    name: str
+    runs: list[RunSpec]
+    measures: list[MeasureConfig]
+
+
+def read_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Experiment:
+    """The experiment file at ``path``, runs and ``[[measure]]`` entries validated (see
+    :func:`load_experiment` for ``overrides``)."""
+    name, raw, origin = _read_raw(path, overrides)
+    specs = _expand_runs(raw, origin)
+    return Experiment(name, specs, expand_measures(raw, specs, origin))
+
+
+def _read_raw(path: str | os.PathLike[str], overrides: dict[str, Any] | None) -> tuple[str, dict[str, Any], str]:
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -224,7 +298,15 @@ def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
         _set_path(raw, key, value)
     if "name" not in raw:
         raise ConfigError(f"{path}: an experiment needs a name")
-    return str(raw["name"]), expand_experiment(raw, str(path))
+    return str(raw["name"]), raw, str(path)
+
+
+def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> tuple[str, list[RunSpec]]:
+    """(experiment name, runs) of an experiment TOML file; ``overrides`` (dotted key -> value, e.g.
+    ``{"data.source": "Posts.xml"}``) are applied to the experiment before expansion. The file's
+    ``[[measure]]`` entries are validated too; :func:`read_experiment` returns them."""
+    e = read_experiment(path, overrides)
+    return e.name, e.runs
 
 
 def resolve_run_refs(spec: RunSpec, store: str | os.PathLike[str]) -> RunSpec:

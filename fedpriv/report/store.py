@@ -7,6 +7,8 @@ Store layout (default ``runs/NAME``)::
     <run>/config.json, metrics.jsonl, checkpoint*, params.msgpack, privacy ledger, canaries.json
     <run>/audit.json, audit.md
     <run>/summary.json     written last: the run is complete
+    measure/<name>/        each [[measure]] of the experiment: measure.json, deniability.png
+                           (:mod:`fedpriv.report.measure_runs`), computed once every run finished
 
 Runs go in file order. A run with ``summary.json`` is skipped; a run with final parameters but no
 summary is audited; any other run trains, resuming from its last checkpoint (the trainers resume
@@ -27,7 +29,7 @@ from typing import Any
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import write_json_atomic
 from fedpriv.pipeline import Prepared, prepare
-from fedpriv.report.grid import RunSpec, load_experiment, resolve_run_refs, run_refs
+from fedpriv.report.grid import RunSpec, read_experiment, resolve_run_refs, run_refs
 
 EXPERIMENT_FILE, RUN_CONFIG, SUMMARY_FILE = "experiment.json", "run-config.json", "summary.json"
 
@@ -136,17 +138,24 @@ def run_experiment(
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
-    """Train and audit every run (see the module docstring). ``stop_after``: stop the first run
-    that trains once it has done this many more steps or rounds, with a checkpoint (a kill).
+    """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
+    (see the module docstring). ``stop_after``: stop the first run that trains once it has done
+    this many more steps or rounds, with a checkpoint (a kill).
     Returns (store, summaries of the finished runs, whether every run finished)."""
     from fedpriv.memorization.audit import audit_run
+    from fedpriv.report.measure_runs import check_measures, run_measures
 
     say = log or (lambda _m: None)
-    name, specs = load_experiment(path, overrides)
+    experiment = read_experiment(path, overrides)
+    name, specs, measures = experiment.name, experiment.runs, experiment.measures
     store = Path(store) if store is not None else Path("runs") / name
     store.mkdir(parents=True, exist_ok=True)
     check_store(store, name, specs)
-    write_json_atomic(store / EXPERIMENT_FILE, {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]})
+    check_measures(store, measures)
+    record = {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}
+    if measures:
+        record["measures"] = [m.model_dump() for m in measures]
+    write_json_atomic(store / EXPERIMENT_FILE, record)
     prepared_by_key: dict[str, Prepared] = {}
     summaries: list[dict[str, Any]] = []
     t_all = time.perf_counter()
@@ -186,4 +195,5 @@ def run_experiment(
         if left:
             per_run = (time.perf_counter() - t_all) / trained
             say(f"{tag} done; {left} run(s) left, about {per_run * left / 60:.1f} min at this pace")
+    run_measures(store, measures, say)
     return store, summaries, True

@@ -14,6 +14,9 @@ Written files (see :func:`write_report`)::
     chains.md                        when runs start from earlier runs (BERT chains): the
                                      pretrained encoders with each stage's epsilon, the composed
                                      epsilon and the fine-tuned F1 (:mod:`fedpriv.report.chain`)
+    measurements.md                  when the store has [[measure]] results (STORE/measure/): per
+    deniability-NAME.png             measurement, N_w / S_w / inversion accuracy per eta, and the
+                                     N_w / S_w plot (:mod:`fedpriv.report.measure_runs`)
 
 Everything is read back from the store's files (``experiment.json``, each run's ``summary.json``,
 ``audit.json`` and ``privacy_ledger.json``); nothing is retrained. The table-building functions
@@ -514,6 +517,10 @@ def write_report(store: str | os.PathLike[str]) -> Path:
     if chains:
         (out / "chains.md").write_text(chains, encoding="utf-8")
         notes.append("Runs start from earlier runs: chains.md has each pretrained encoder's stages, composed epsilon and fine-tuned F1.")
+    from fedpriv.report.measure_runs import write_measurements
+
+    if write_measurements(store, out) is not None:
+        notes.append("Local privacy measurements (plausible deniability N_w / S_w, token inversion accuracy per eta): [measurements.md](measurements.md).")
     md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, contents.summaries), notes, drawn, contents.audit_settings)
     (out / "comparison.md").write_text(md, encoding="utf-8")
     return out

@@ -54,9 +54,17 @@ class BertNERTask(Task):
         dropout: float | None = None,
         lowercase: bool = False,
         pretrained: Params | None = None,
+        privatize_eta: float | None = None,
+        privatize_seed: int = 0,
     ):
         """``pretrained``: MLM parameters (or an encoder subtree) that :meth:`init_params` starts
-        the encoder from by default (so a trainer calling ``init_params(rng)`` fine-tunes them)."""
+        the encoder from by default (so a trainer calling ``init_params(rng)`` fine-tunes them).
+
+        Privacy-constrained fine-tuning (Qu et al. 2021, sec. 3.3 d; :mod:`fedpriv.tasks.local_inputs`):
+        with ``privatize_eta`` every example's pieces, training and evaluation alike, are
+        M_txt-privatized once (key ``privatize_seed`` and the example's content) in the frozen token
+        embedding of ``pretrained`` (which must be given); the tags stay (the paper assumes labels
+        are available). Words keep their positions: M_txt maps a piece to one piece."""
         tags = list(tags)
         if not tags or tags[0] != "O" or len(set(tags)) != len(tags):
             raise FedprivError("the NER tag set must be distinct tags starting with 'O'")
@@ -68,6 +76,12 @@ class BertNERTask(Task):
         self.model = BertTokenClassifier(self.cfg, len(self.tags))
         self._init = jax.jit(self.model.init)  # one program: much faster than op-by-op initialization
         self.tables = chunk_tables(self.tags)
+        if privatize_eta is not None:
+            from fedpriv.privacy.local.mechanisms import check_eta
+
+            privatize_eta = check_eta(privatize_eta)
+        self.privatize_eta, self.privatize_seed = privatize_eta, int(privatize_seed)
+        self._local: Any = None
         self.pretrained = pretrained
         self.pretrained_from: Any = None  # where ``pretrained`` came from (a run directory), for reports
         self.vocabulary_record: dict | None = None  # where the vocabulary came from (saved in tokenizer.json)
@@ -99,10 +113,27 @@ class BertNERTask(Task):
         return params
 
     def save_assets(self, run_dir) -> None:
-        """``tokenizer.json`` (vocabulary, lowercasing, model shape) for fine-tuning or reuse."""
+        """``tokenizer.json`` (vocabulary, lowercasing, model shape) for fine-tuning or reuse, and
+        with ``privatize_eta`` the ``privatize.json`` record of the user-side privatization."""
         from fedpriv.tasks.bert_run import save_tokenizer
 
         save_tokenizer(self, run_dir)
+        if self.local is not None:
+            self.local.save_record(run_dir, self.pretrained_from, "once per example (training and evaluation), key privatize_seed and the example's content")
+
+    @property
+    def local(self):
+        """The user-side privatization (:class:`fedpriv.tasks.local_inputs.LocalInputs`) or None."""
+        if self._local is None and self.privatize_eta is not None:
+            from fedpriv.tasks.local_inputs import build_local_inputs
+
+            self._local = build_local_inputs(self)
+        return self._local
+
+    @property
+    def fast_clipping_unsupported(self) -> str | None:
+        """Why ghost-norm clipping must not be used (None: it may): a frozen table still records norms."""
+        return "the user-side token embedding is frozen (privatize_eta)" if self.privatize_eta is not None else None
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len
@@ -154,7 +185,10 @@ class BertNERTask(Task):
         """(B, L, T) per-piece tag scores."""
         train = bool(train) and self.cfg.dropout > 0 and rng is not None
         drop = example_keys(rng, jnp.asarray(batch["seed"]), DROPOUT_STREAM) if train else None
-        return apply_model(self.model, params, batch["ids"], batch["length"], train=train, dropout_keys=drop)
+        ids, local = batch["ids"], self.local
+        if local is not None:  # privacy-constrained: frozen table, inputs privatized once per example
+            params, ids = local.user_side(params), local.fixed(ids, batch["seed"])
+        return apply_model(self.model, params, ids, batch["length"], train=train, dropout_keys=drop)
 
     def _piece_nll(self, logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:
         valid = (labels >= 0).astype(jnp.float32)

@@ -21,6 +21,12 @@ so they depend only on the step's rng and the example's own ids, never on the ot
 row index; a vmap over single examples (the DP-SGD reference path) gives the same losses. Two
 identical examples in one batch get the same masking.
 
+Privacy-adaptive pretraining (``privatize_eta``, Qu et al. 2021 sec. 3.4): the pieces are first
+privatized on the user side (:mod:`fedpriv.tasks.local_inputs`, a fresh draw per step, frozen token
+embedding), then masked as above; the targets are the privatized pieces (``vanilla``), the draws'
+empirical distribution (``prob``; accuracy then counts the privatized piece) or the original pieces
+(``denoising``).
+
 Per-example loss (nats per predicted piece): the mean cross-entropy over the example's selected
 positions (0 for an example with no candidate). Metrics (:meth:`MLMTask.metric_sums`) use one
 fixed masking (key ``eval_seed``, same per-example folding), so evaluations at different steps
@@ -173,10 +179,25 @@ class MLMTask(Task):
         lowercase: bool = False,
         eval_seed: int = 0,
         pretrained: Params | None = None,
+        privatize_eta: float | None = None,
+        privatize_seed: int = 0,
+        mlm_target: str | None = None,
+        target_draws: int = 10,
+        freeze_token_embedding: bool = False,
     ):
         """``pretrained``: a whole :class:`BertMLM` parameter tree (of this shape and vocabulary) that
         :meth:`init_params` returns instead of fresh parameters: continued pretraining. In a config,
-        ``task.options.pretrained`` is a finished BERT run directory (:mod:`fedpriv.tasks.bert_run`)."""
+        ``task.options.pretrained`` is a finished BERT run directory (:mod:`fedpriv.tasks.bert_run`).
+
+        Privacy-adaptive pretraining (Qu et al. 2021, sec. 3.4; :mod:`fedpriv.tasks.local_inputs`):
+        with ``privatize_eta`` the inputs are M_txt-privatized afresh at every step in the frozen
+        token embedding of ``pretrained`` (which must be given), and ``mlm_target`` says what the
+        masked positions predict: ``vanilla`` (default) the privatized piece, ``prob`` the
+        empirical distribution of ``target_draws`` fresh privatizations of the original piece
+        (their eq. 6), ``denoising`` the original piece (eq. 7). ``privatize_seed`` is not used
+        here (the draws follow the step's key); it is kept for symmetry with the NER task.
+        ``freeze_token_embedding`` keeps the pretrained token embedding fixed without privatizing
+        (the control run of the same further training); ``privatize_eta`` implies it."""
         self.vocab = PieceVocab(tokenizer, lowercase)
         if self.vocab.mask is None:
             raise FedprivError(f"the WordPiece vocabulary lacks {MASK}, which masked-LM training needs")
@@ -197,15 +218,61 @@ class MLMTask(Task):
         if not 1 <= self.max_predictions <= self.max_len:
             raise FedprivError(f"max_predictions must be in [1, {self.max_len}], got {max_predictions}")
         self.eval_seed = int(eval_seed)
+        if privatize_eta is None and (mlm_target is not None or target_draws != 10):
+            raise FedprivError("mlm_target and target_draws apply to privacy-adaptive pretraining: give privatize_eta too")
+        if privatize_eta is not None:
+            from fedpriv.privacy.local.mechanisms import check_eta
+            from fedpriv.tasks.local_inputs import MLM_TARGETS
+
+            privatize_eta = check_eta(privatize_eta)
+            mlm_target = mlm_target or "vanilla"
+            if mlm_target not in MLM_TARGETS:
+                raise FedprivError(f"mlm_target must be one of {', '.join(MLM_TARGETS)}, got {mlm_target!r}")
+            if int(target_draws) < 1:
+                raise FedprivError(f"target_draws must be >= 1, got {target_draws}")
+        self.privatize_eta, self.privatize_seed = privatize_eta, int(privatize_seed)
+        self.mlm_target, self.target_draws = mlm_target, int(target_draws)
+        self._local: Any = None
+        self.freeze_token_embedding = bool(freeze_token_embedding) or privatize_eta is not None
+        self._frozen_table: Any = None
         self.pretrained = pretrained
         self.pretrained_from: Any = None  # where ``pretrained`` came from (a run directory), for reports
         self.vocabulary_record: dict | None = None  # where the vocabulary came from (saved in tokenizer.json)
 
     def save_assets(self, run_dir) -> None:
-        """``tokenizer.json`` (vocabulary, lowercasing, model shape) for fine-tuning or reuse."""
+        """``tokenizer.json`` (vocabulary, lowercasing, model shape) for fine-tuning or reuse, and
+        with ``privatize_eta`` the ``privatize.json`` record of the user-side privatization."""
         from fedpriv.tasks.bert_run import save_tokenizer
 
         save_tokenizer(self, run_dir)
+        if self.local is not None:
+            draws = "fresh at every step (public pretraining text); evaluation draws from the fixed eval key"
+            extra = {"mlm_target": self.mlm_target, **({"target_draws": self.target_draws} if self.mlm_target == "prob" else {})}
+            self.local.save_record(run_dir, self.pretrained_from, draws, **extra)
+
+    @property
+    def local(self):
+        """The user-side privatization (:class:`fedpriv.tasks.local_inputs.LocalInputs`) or None."""
+        if self._local is None and self.privatize_eta is not None:
+            from fedpriv.tasks.local_inputs import build_local_inputs
+
+            self._local = build_local_inputs(self)
+        return self._local
+
+    def frozen_table(self):
+        """The pretrained token embedding that stays fixed (None unless frozen)."""
+        if self._frozen_table is None and self.freeze_token_embedding:
+            from fedpriv.tasks.local_inputs import token_table
+
+            if self.pretrained is None:
+                raise FedprivError("freeze_token_embedding needs task.options.pretrained (the table to keep fixed)")
+            self._frozen_table = token_table(self.pretrained)
+        return self._frozen_table
+
+    @property
+    def fast_clipping_unsupported(self) -> str | None:
+        """Why ghost-norm clipping must not be used (None: it may): a frozen table still records norms."""
+        return "the token embedding is frozen (privatize_eta or freeze_token_embedding)" if self.freeze_token_embedding else None
 
     # ---- batching ---------------------------------------------------------------------------
     def init_params(self, rng: jax.Array) -> Params:
@@ -264,10 +331,29 @@ class MLMTask(Task):
 
     # ---- loss and metrics -------------------------------------------------------------------
     def _nll(self, params: Params, batch: Mapping[str, jax.Array], rng: jax.Array, train: bool):
+        """(logits, per-slot nll (B, P), masking) with ``targets`` the hard targets (for accuracy)."""
+        local = self.local
+        seeds = jnp.asarray(batch["seed"])
+        if self.freeze_token_embedding:
+            from fedpriv.tasks.local_inputs import with_token_table
+
+            params = with_token_table(params, self.frozen_table())
+        if local is not None:  # privacy-adaptive: privatized inputs, then masking
+            from fedpriv.tasks.local_inputs import INPUT_STREAM, SET_STREAM
+
+            batch = {**batch, "original": batch["ids"], "ids": local.fresh(example_keys(rng, seeds, INPUT_STREAM), batch["ids"])}
         m = self.mask_batch(rng, batch)
         train = bool(train) and self.cfg.dropout > 0
-        drop = example_keys(rng, jnp.asarray(batch["seed"]), DROPOUT_STREAM) if train else None
+        drop = example_keys(rng, seeds, DROPOUT_STREAM) if train else None
         logits = apply_model(self.model, params, m["inputs"], batch["length"], m["positions"], train=train, dropout_keys=drop)
+        if local is not None and self.mlm_target != "vanilla":
+            original = jnp.take_along_axis(jnp.asarray(batch["original"]), m["positions"], axis=1)
+            if self.mlm_target == "prob":  # eq. 6: cross-entropy against the empirical distribution of the draws
+                draws = local.draws(example_keys(rng, seeds, SET_STREAM), original, self.target_draws)
+                logp = jax.nn.log_softmax(logits, axis=-1)
+                nll = -jnp.mean(jnp.take_along_axis(logp, draws, axis=-1), axis=-1)
+                return logits, nll, m
+            m = {**m, "targets": original}  # eq. 7, denoising
         nll = optax.softmax_cross_entropy_with_integer_labels(logits, m["targets"])
         return logits, nll, m
 

@@ -122,6 +122,13 @@ def _build_bert(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
     if cfg.task.model not in PRESETS:
         raise ConfigError(f"task.model: unknown BERT preset {cfg.task.model!r}; choose one of {', '.join(PRESETS)}")
     path = options.pop("pretrained", None)
+    if options.get("freeze_token_embedding") and path is None:
+        raise ConfigError("task.options.freeze_token_embedding needs task.options.pretrained (the table to keep fixed)")
+    if options.get("privatize_eta") is not None:
+        if path is None:
+            raise ConfigError("task.options.privatize_eta needs task.options.pretrained: the user-side embedding table comes from the pretrained run")
+        if cfg.privatize is not None:
+            raise ConfigError("task.options.privatize_eta and [privatize] both privatize the training text; use one")
     if path is not None and cfg.vocab.custom:
         raise ConfigError(
             "vocab.source / vocab.dp / vocab.alphabet: this run starts from task.options.pretrained, whose tokenizer "

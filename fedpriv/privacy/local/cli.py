@@ -6,6 +6,10 @@ Vickrey mechanism, user by user; the result is a JSON Lines table (``user_id``, 
 and example counts, plus a sidecar ``PATH.privacy.json`` stating the mechanism, its parameters,
 the embeddings and the guarantee.
 
+``--mechanism rep`` (M_rep) outputs vectors, not words: every word's embedding plus noise, written
+as a NumPy ``.npz`` (see :func:`write_representations`), with the same keys as txt (so M_txt of the
+same seed is the nearest word to each vector) and the same sidecar.
+
 Wired into the main CLI with ``app.add_typer(privatize_app)`` (no name: the command is
 ``privatize`` itself).
 """
@@ -51,16 +55,10 @@ def check_parameters(mechanism: str, eta: float, t: Optional[float], k: int) -> 
     """Refuse what cannot produce a privatized corpus, before any work; the Vickrey t to use."""
     from fedpriv.privacy.local.mechanisms import check_eta, check_t
 
-    if mechanism == "rep":
-        raise PrivacyParameterError(
-            "--mechanism rep adds noise to embeddings (M_rep) and outputs vectors, not words: it belongs inside a "
-            "training pipeline (fedpriv.privacy.local.mechanisms.privatize_representations). To write a corpus use "
-            "--mechanism txt (nearest word to the noised embedding) or vickrey"
-        )
     check_eta(eta)
-    if mechanism == "txt":
+    if mechanism in ("rep", "txt"):
         if t is not None:
-            raise PrivacyParameterError("--t is the Vickrey tuning parameter: use it with --mechanism vickrey (txt is t = 0)")
+            raise PrivacyParameterError(f"--t is the Vickrey tuning parameter: use it with --mechanism vickrey, not {mechanism}")
         return None
     if t is None:
         raise PrivacyParameterError("--mechanism vickrey needs --t in [0, 1] (0 = txt; larger favours the second nearest word)")
@@ -100,7 +98,9 @@ def privatize_corpus(
     say = log or _say
     tv = check_parameters(mechanism, eta, t, k)
     out = Path(out)
-    if out.suffix.lower() != ".jsonl":
+    if mechanism == "rep" and out.suffix.lower() != ".npz":
+        raise FedprivError(f"--out {out}: --mechanism rep writes vectors as a NumPy archive; name it *.npz")
+    if mechanism != "rep" and out.suffix.lower() != ".jsonl":
         raise FedprivError(f"--out {out}: the privatized corpus is JSON Lines; name it *.jsonl (so open_corpus reads it back)")
     if not out.parent.is_dir():
         raise FedprivError(f"--out {out}: the directory {out.parent} does not exist")
@@ -120,20 +120,30 @@ def privatize_corpus(
     say(f"privatizing {total_users:,} users of {corpus.name} with {mechanism} at eta = {eta:g}" + (f", t = {tv:g}, k = {k}" if tv is not None else ""))
 
     stats = new_stats()
-    tmp = out.with_name(out.name + ".partial")
     written = 0
+
+    def progress() -> None:
+        nonlocal written
+        written += 1
+        if written % progress_every == 0:
+            rate = stats["done"] / max(time.perf_counter() - t0, 1e-9)
+            say(f"  {written:,}/{total_users:,} users privatized, {stats['done']:,} tokens ({rate:,.0f} tokens/s)")
+
+    tmp = out.with_name(out.name + ".partial")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            for u, exs, new in privatize_users(corpus.users(), space, mechanism, eta, tv, k, seed, batch_tokens, stats=stats):
-                for ex, words in zip(exs, new):
-                    row: dict[str, Any] = {"user_id": u, "text": " ".join(words)}
-                    if ex.timestamp is not None:
-                        row["timestamp"] = ex.timestamp
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-                written += 1
-                if written % progress_every == 0:
-                    rate = stats["done"] / max(time.perf_counter() - t0, 1e-9)
-                    say(f"  {written:,}/{total_users:,} users privatized, {stats['done']:,} tokens ({rate:,.0f} tokens/s)")
+        if mechanism == "rep":
+            from fedpriv.privacy.local.corpus import represent_users
+
+            write_representations(tmp, represent_users(corpus.users(), space, eta, seed, batch_tokens, stats=stats), space.dim, progress)
+        else:
+            with open(tmp, "w", encoding="utf-8") as f:
+                for u, exs, new in privatize_users(corpus.users(), space, mechanism, eta, tv, k, seed, batch_tokens, stats=stats):
+                    for ex, words in zip(exs, new):
+                        row: dict[str, Any] = {"user_id": u, "text": " ".join(words)}
+                        if ex.timestamp is not None:
+                            row["timestamp"] = ex.timestamp
+                        f.write(json.dumps(row, ensure_ascii=False) + "\n")
+                    progress()
         os.replace(tmp, out)
     finally:
         if tmp.exists():
@@ -145,6 +155,7 @@ def privatize_corpus(
         "version": 1,
         "fedpriv_version": __version__,
         "corpus": str(out.name),
+        **({"layout": "vectors float32 (tokens, dim); offsets int64 (examples + 1); example_user int64 (examples,) into users (str)"} if mechanism == "rep" else {}),
         "source": str(source),
         "source_options": options or {},
         "mechanism": mechanism,
@@ -165,20 +176,44 @@ def privatize_corpus(
     tmp_side.write_text(json.dumps(meta, indent=1, ensure_ascii=False), encoding="utf-8")
     os.replace(tmp_side, side)
     frac = stats["changed"] / max(1, stats["tokens"])
+    changed = "" if mechanism == "rep" else f"{frac:.1%} of tokens changed, "
     say(
         f"wrote {out} ({stats['users']:,} users, {stats['examples']:,} examples, {stats['tokens']:,} tokens; "
-        f"{frac:.1%} of tokens changed, {stats['oov']:,} out-of-vocabulary inputs) and {side} in {seconds:.1f} s"
+        f"{changed}{stats['oov']:,} out-of-vocabulary inputs) and {side} in {seconds:.1f} s"
     )
     return meta
+
+
+def write_representations(path: str | os.PathLike[str], users: Any, dim: int, progress: Any = None) -> None:
+    """Write M_rep output (``(user_id, examples, per-example vectors)`` per user) as an ``.npz``:
+    ``vectors`` float32 (tokens, dim); ``offsets`` int64 (examples + 1): example e is
+    ``vectors[offsets[e]:offsets[e + 1]]``, one row per word in order; ``example_user`` int64
+    (examples,): an index into ``users``, the user ids (str) in corpus order. Timestamps are not
+    written. Held in memory until written."""
+    import numpy as np
+
+    chunks: list[np.ndarray] = []
+    offsets, example_user, user_ids = [0], [], []
+    for u, _exs, per_example in users:
+        user_ids.append(u)
+        for rows in per_example:
+            chunks.append(np.asarray(rows, np.float32).reshape(-1, dim))
+            offsets.append(offsets[-1] + chunks[-1].shape[0])
+            example_user.append(len(user_ids) - 1)
+        if progress is not None:
+            progress()
+    vectors = np.concatenate(chunks) if chunks else np.zeros((0, dim), np.float32)
+    with open(path, "wb") as f:
+        np.savez(f, vectors=vectors, offsets=np.asarray(offsets, np.int64), example_user=np.asarray(example_user, np.int64), users=np.asarray(user_ids, dtype=str))
 
 
 @privatize_app.command("privatize")
 def privatize_cmd(
     source: str = typer.Argument(..., help="'shakespeare', a path (Posts.xml, *.jsonl, *.csv, ...), or 'synthetic:...'; text corpora only."),
     embeddings: Path = typer.Option(..., "--embeddings", help="A trained NWP run directory, or a GloVe-style text file ('word v1 ... vd' per line)."),
-    mechanism: Mech = typer.Option(..., "--mechanism", help="txt: nearest word to the noised embedding (M_txt); vickrey: first or second nearest (Xu et al. 2021); rep: refused (outputs vectors)."),
+    mechanism: Mech = typer.Option(..., "--mechanism", help="txt: nearest word to the noised embedding (M_txt); vickrey: first or second nearest (Xu et al. 2021); rep: the noised embeddings themselves (M_rep), written as .npz."),
     eta: float = typer.Option(..., "--eta", help="Privacy parameter eta > 0 of eta·d_chi (per token, Euclidean distance between embeddings); smaller = more noise."),
-    out: Path = typer.Option(..., "--out", help="Output PATH.jsonl; the sidecar goes to PATH.privacy.json."),
+    out: Path = typer.Option(..., "--out", help="Output PATH.jsonl (txt, vickrey) or PATH.npz (rep); the sidecar goes to PATH.privacy.json."),
     t: Optional[float] = typer.Option(None, "--t", help="Vickrey tuning parameter in [0, 1]: P(second) = t·d1 / (t·d1 + (1-t)·d2). Required for vickrey."),
     k: int = typer.Option(2, "--k", help="Vickrey candidates (k nearest words); 2 is Xu et al.'s mechanism."),
     seed: int = typer.Option(0, "--seed", help="Seed of the jax.random key."),
@@ -189,7 +224,8 @@ def privatize_cmd(
     progress_every: int = typer.Option(1000, "--progress-every", min=1, help="Report progress on stderr every N users."),
 ) -> None:
     """Privatize every word of a text corpus with M_txt or the Vickrey mechanism (eta·d_chi per
-    token) and write it as JSON Lines that `fedpriv` reads back as a corpus."""
+    token) and write it as JSON Lines that `fedpriv` reads back as a corpus; or with M_rep, the
+    noised embeddings, as an .npz."""
     privatize_corpus(
         source,
         embeddings,

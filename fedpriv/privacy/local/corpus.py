@@ -37,6 +37,69 @@ def _lookup(space: Any, casefold: bool) -> Callable[[list[str]], np.ndarray]:
     return lambda words: np.array([space.id(w) if w in space else space.id(w.lower()) for w in words], dtype=np.int64)
 
 
+def _batched_users(
+    users: Iterable[tuple[str, list[Example]]],
+    ids_of: Callable[[list[str]], np.ndarray],
+    apply: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray],
+    pad_id: int,
+    batch_tokens: int,
+    st: dict[str, int],
+) -> Iterator[tuple[str, list[Example], np.ndarray, list[int]]]:
+    """``(user_id, examples, ids, outputs)`` per user, in order: ``ids`` the user's word ids (over
+    its examples in order), ``outputs`` = ``apply(streams, positions, ids)`` row for row (stream =
+    the user's index, position = the token's index in the user). Users are batched,
+    ``batch_tokens`` tokens per call (the last padded with ``pad_id``: one program shape); a row
+    depends on its own (stream, position, id) only, so batching does not change the output."""
+    if not 1 <= batch_tokens <= 65536:
+        raise FedprivError("batch_tokens must be in [1, 65536]")
+    pending: list[tuple[int, str, list[Example], np.ndarray]] = []
+    pending_tokens = 0
+
+    def flush() -> Iterator[tuple[str, list[Example], np.ndarray, np.ndarray]]:
+        nonlocal pending, pending_tokens
+        if not pending:
+            return
+        flat_streams = np.concatenate([np.full(ids.size, ui, np.uint32) for ui, _u, _e, ids in pending])
+        flat_positions = np.concatenate([np.arange(ids.size, dtype=np.uint32) for *_x, ids in pending])
+        flat_ids = np.concatenate([ids for *_x, ids in pending])
+        chunks = []
+        for s in range(0, flat_ids.size, batch_tokens):
+            e = min(s + batch_tokens, flat_ids.size)
+            pad = batch_tokens - (e - s)
+            part = [np.concatenate([a[s:e], np.full(pad, fill, a.dtype)]) for a, fill in ((flat_streams, 0), (flat_positions, 0), (flat_ids, pad_id))]
+            chunks.append(np.asarray(apply(*part))[: e - s])
+        out = np.concatenate(chunks) if chunks else np.empty(0)
+        st["done"] += int(flat_ids.size)
+        batch, pending, pending_tokens = pending, [], 0
+        at = 0
+        for _ui, u, exs, ids in batch:
+            yield u, exs, ids, out[at : at + ids.size]
+            at += ids.size
+
+    for ui, (u, exs) in enumerate(users):
+        if ui >= 2**32:
+            raise FedprivError("more than 2**32 users")
+        ids = ids_of([w for ex in exs for w in ex.words()])
+        pending.append((ui, u, exs, ids))
+        pending_tokens += ids.size
+        st["users"] += 1
+        st["examples"] += len(exs)
+        st["tokens"] += int(ids.size)
+        if pending_tokens >= batch_tokens:
+            yield from flush()
+    yield from flush()
+
+
+def _split_examples(exs: list[Example], rows: np.ndarray) -> list[np.ndarray]:
+    """A user's per-token rows cut back into its examples (in order)."""
+    out, at = [], 0
+    for ex in exs:
+        n = len(ex.words())
+        out.append(rows[at : at + n])
+        at += n
+    return out
+
+
 def privatize_users(
     users: Iterable[tuple[str, list[Example]]],
     space: Any,
@@ -62,59 +125,43 @@ def privatize_users(
 
     from fedpriv.privacy.local.mechanisms import privatize_streams
 
-    if not 1 <= batch_tokens <= 65536:
-        raise FedprivError("batch_tokens must be in [1, 65536]")
     st = stats if stats is not None else new_stats()
-    index = space.index()
+    index, root, words = space.index(), jax.random.key(seed), space.words
+
+    def apply(streams: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return privatize_streams(root, streams, positions, ids, index, eta, mechanism, t, k)
+
+    for u, exs, ids, new in _batched_users(users, _lookup(space, casefold), apply, space.oov_id, batch_tokens, st):
+        st["changed"] += int(np.sum(new != ids))
+        st["oov"] += int(np.sum(ids == space.oov_id))
+        yield u, exs, [[words[i] for i in part] for part in _split_examples(exs, new)]
+
+
+def represent_users(
+    users: Iterable[tuple[str, list[Example]]],
+    space: Any,
+    eta: float,
+    seed: int = 0,
+    batch_tokens: int = 8192,
+    stats: Optional[dict[str, int]] = None,
+) -> Iterator[tuple[str, list[Example], list[np.ndarray]]]:
+    """``(user_id, examples, M_rep vectors of each example)`` for every user, in order: each word's
+    embedding plus noise with density ∝ exp(-eta·||N||) (float32, (words, dim) per example), with
+    the same keys as :func:`privatize_users`, so M_txt of the same seed is the nearest word to
+    each of these vectors. Words outside the space take its OOV row."""
+    import jax
+
+    from fedpriv.privacy.local.mechanisms import privatize_stream_representations
+
+    st = stats if stats is not None else new_stats()
     root = jax.random.key(seed)
-    ids_of = _lookup(space, casefold)
-    pending: list[tuple[int, str, list[Example]]] = []
-    pending_tokens = 0
 
-    def flush() -> Iterator[tuple[str, list[Example], list[list[str]]]]:
-        nonlocal pending, pending_tokens
-        if not pending:
-            return
-        streams, positions, ids = [], [], []
-        for ui, _u, exs in pending:
-            n = sum(len(ex.words()) for ex in exs)
-            streams.append(np.full(n, ui, np.uint32))
-            positions.append(np.arange(n, dtype=np.uint32))
-            ids.append(ids_of([w for ex in exs for w in ex.words()]))
-        flat_ids = np.concatenate(ids)
-        flat_streams, flat_positions = np.concatenate(streams), np.concatenate(positions)
-        new = np.empty_like(flat_ids)
-        for s in range(0, flat_ids.size, batch_tokens):
-            e = min(s + batch_tokens, flat_ids.size)
-            pad = batch_tokens - (e - s)
-            part = [np.concatenate([a[s:e], np.full(pad, fill, a.dtype)]) for a, fill in ((flat_streams, 0), (flat_positions, 0), (flat_ids, space.oov_id))]
-            new[s:e] = privatize_streams(root, part[0], part[1], part[2], index, eta, mechanism, t, k)[: e - s]
-        st["done"] += int(flat_ids.size)
-        st["changed"] += int(np.sum(new != flat_ids))
-        st["oov"] += int(np.sum(flat_ids == space.oov_id))
-        words = space.words
-        at = 0
-        batch, pending, pending_tokens = pending, [], 0
-        for _ui, u, exs in batch:
-            out = []
-            for ex in exs:
-                n = len(ex.words())
-                out.append([words[i] for i in new[at : at + n]])
-                at += n
-            yield u, exs, out
+    def apply(streams: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        return privatize_stream_representations(root, streams, positions, ids, space.table, eta)
 
-    for ui, (u, exs) in enumerate(users):
-        if ui >= 2**32:
-            raise FedprivError("more than 2**32 users")
-        n = sum(len(ex.words()) for ex in exs)
-        pending.append((ui, u, exs))
-        pending_tokens += n
-        st["users"] += 1
-        st["examples"] += len(exs)
-        st["tokens"] += n
-        if pending_tokens >= batch_tokens:
-            yield from flush()
-    yield from flush()
+    for u, exs, ids, vectors in _batched_users(users, space.ids, apply, space.oov_id, batch_tokens, st):
+        st["oov"] += int(np.sum(ids == space.oov_id))
+        yield u, exs, _split_examples(exs, vectors)
 
 
 def privatized_example(ex: Example, words: list[str]) -> Example:

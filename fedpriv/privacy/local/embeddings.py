@@ -5,12 +5,19 @@ may be output.
   (``params["embed"]["embedding"]``, shape (K + 4, d)) and its vocabulary (ids 0 pad, 1..K words,
   K+1 oov, K+2 bos, K+3 eos; see :mod:`fedpriv.vocab.word`). Allowed outputs: the K words (those
   fedpriv's normalizer leaves unchanged, which is all of them for a corpus fedpriv normalized).
+* A finished fedpriv BERT run (``mlm`` or ``bert-ner``; :mod:`fedpriv.tasks.bert_run`): the rows
+  are the WordPiece vocabulary's pieces (``tokenizer.json``), the table is the encoder's
+  ``token_embed`` embedding (``params.msgpack``). Allowed outputs: every piece except [PAD] [UNK]
+  [CLS] [SEP] [MASK] and ``[unusedN]``; unknown input is the [UNK] row. Such a space measures
+  pieces, not words: :meth:`EmbeddingSpace.corpus_ids` turns corpus words into piece ids with the
+  run's tokenizer (lowercasing as it says), and text privatization refuses it (it would write
+  pieces in place of words).
 * :func:`load_glove`: a GloVe-style text file, one ``word v1 v2 ... vd`` per line (a word2vec
   text header ``count dim`` on the first line is accepted too). No download: give a local file.
   An extra ``<oov>`` row (the mean vector) is appended for words the file lacks. Allowed
   outputs: the words fedpriv's normalizer leaves unchanged (``normalize(w) == w``), so privatized
   text loads back exactly as written.
-* :func:`load_embeddings`: either, by what the path is (a directory: a run; a file: GloVe).
+* :func:`load_embeddings`: any of them, by what the path is (a directory: a run; a file: GloVe).
 
 Words outside the vocabulary are embedded at the OOV row, so every unknown word is the same point
 for the mechanisms: they are indistinguishable from each other, and the metric guarantee holds
@@ -35,9 +42,21 @@ OOV_WORD = "<oov>"
 
 class EmbeddingSpace:
     """Words (one per row of ``table``), a word -> id index, the (V, d) float32 table, the sorted ids
-    that may be output (``allowed``) and the row unknown words take (``oov_id``)."""
+    that may be output (``allowed``) and the row unknown words take (``oov_id``).
 
-    def __init__(self, words: Sequence[str], table: Any, allowed: Any, oov_id: int, source: str = "embeddings", info: dict | None = None):
+    ``pieces``: for a subword space (a BERT run's WordPiece vocabulary), one corpus word -> the ids
+    of its pieces; ``unit`` is then ``"piece"`` (else ``"word"``: a row per word)."""
+
+    def __init__(
+        self,
+        words: Sequence[str],
+        table: Any,
+        allowed: Any,
+        oov_id: int,
+        source: str = "embeddings",
+        info: dict | None = None,
+        pieces: Callable[[str], Sequence[int]] | None = None,
+    ):
         self.words: tuple[str, ...] = tuple(words)
         self.table = np.ascontiguousarray(np.asarray(table, dtype=np.float32))
         if self.table.ndim != 2 or self.table.shape[0] != len(self.words):
@@ -56,6 +75,20 @@ class EmbeddingSpace:
         for i, w in enumerate(self.words):
             self._index.setdefault(w, i)
         self._token_index: TokenIndex | None = None
+        self._pieces = pieces
+
+    @property
+    def unit(self) -> str:
+        """``"word"`` (a row per word) or ``"piece"`` (a row per subword piece)."""
+        return "word" if self._pieces is None else "piece"
+
+    def corpus_ids(self, words: Iterable[str]) -> np.ndarray:
+        """The ids a model of this space sees for a sequence of corpus words: one per word (the OOV
+        row for unknown words), or for a subword space the pieces of each word in order."""
+        if self._pieces is None:
+            return self.ids(words)
+        fn = self._pieces
+        return np.array([i for w in words for i in fn(w)], dtype=np.int64)
 
     # ---- the lookup protocol of privatize_text -------------------------------------------------
     def id(self, word: str) -> int:
@@ -91,6 +124,7 @@ class EmbeddingSpace:
             "dim": self.dim,
             "allowed_outputs": int(self.allowed.size),
             "oov_word": self.words[self.oov_id],
+            "unit": self.unit,
             **self.info,
         }
 
@@ -98,15 +132,19 @@ class EmbeddingSpace:
         return f"EmbeddingSpace({self.source!r}, rows={len(self.words)}, dim={self.dim}, allowed={self.allowed.size})"
 
 
-# ---- a fedpriv NWP run ----------------------------------------------------------------------------
-def load_run_embeddings(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None) -> EmbeddingSpace:
-    """The input embedding table and vocabulary of a trained NWP run.
+# ---- a fedpriv run ---------------------------------------------------------------------------------
+BERT_TASKS = ("mlm", "bert-ner")
 
-    The vocabulary is rebuilt as training built it: the run's experiment config (``run_config``)
-    is loaded, its training corpora are resolved and the task is built (the first steps of
-    :func:`fedpriv.pipeline.prepare`; canary planting and encoding are skipped, as the vocabulary
-    is built before either). Then ``load_params`` reads the final parameters (or the last
-    checkpoint's) and ``params["embed"]["embedding"]`` is the table."""
+
+def load_run_embeddings(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None) -> EmbeddingSpace:
+    """The input embedding table and vocabulary of a trained NWP run, or of a finished BERT run
+    (:func:`load_bert_run_embeddings`).
+
+    NWP: the vocabulary is rebuilt as training built it: the run's experiment config
+    (``run_config``) is loaded, its training corpora are resolved and the task is built (the first
+    steps of :func:`fedpriv.pipeline.prepare`; canary planting and encoding are skipped, as the
+    vocabulary is built before either). Then ``load_params`` reads the final parameters (or the
+    last checkpoint's) and ``params["embed"]["embedding"]`` is the table."""
     import jax
 
     from fedpriv.memorization.audit import load_params, run_config
@@ -115,8 +153,10 @@ def load_run_embeddings(run_dir: str | os.PathLike[str], log: Callable[[str], No
 
     run = Path(run_dir)
     cfg = run_config(run)
+    if cfg.task.kind in BERT_TASKS:
+        return load_bert_run_embeddings(run, cfg.task.kind, cfg.name)
     if cfg.task.kind != "nwp":
-        raise FedprivError(f"{run}: a {cfg.task.kind!r} run; word embeddings come from NWP runs (task.kind = 'nwp') or a GloVe-style text file")
+        raise FedprivError(f"{run}: a {cfg.task.kind!r} run; embedding spaces come from NWP or BERT (mlm, bert-ner) runs or a GloVe-style text file")
     train, _ = load_training_corpora(cfg, log or (lambda _m: None))
     task = build_task(cfg, train)
     vocab = task.vocab  # type: ignore[attr-defined]
@@ -139,6 +179,38 @@ def load_run_embeddings(run_dir: str | os.PathLike[str], log: Callable[[str], No
         vocab.oov,
         source=f"run {run} ({where})",
         info={"kind": "fedpriv-nwp-run", "vocab_words": k, "experiment": cfg.name, "not_output": k - len(allowed)},
+    )
+
+
+def load_bert_run_embeddings(run_dir: str | os.PathLike[str], kind: str = "mlm", experiment: str | None = None) -> EmbeddingSpace:
+    """The WordPiece space of a finished BERT run: rows = the pieces of its ``tokenizer.json``,
+    table = the encoder's ``token_embed`` embedding of its final ``params.msgpack``, allowed = every
+    piece but [PAD] [UNK] [CLS] [SEP] [MASK] and [unusedN] (the masked LM's replacement pool),
+    unknown input = [UNK]. Corpus words become pieces with the run's tokenizer
+    (:meth:`EmbeddingSpace.corpus_ids`)."""
+    from fedpriv.tasks.bert_run import PARAMS_FILE, TOKENIZER_FILE, load_pretrained
+    from fedpriv.tasks.mlm import PieceVocab
+
+    run = Path(run_dir)
+    if not (run / TOKENIZER_FILE).is_file():
+        raise FedprivError(f"{run}: a {kind!r} run without {TOKENIZER_FILE}; is it a finished fedpriv BERT run?")
+    if not (run / PARAMS_FILE).is_file():
+        raise FedprivError(f"{run}: a {kind!r} run without final parameters ({PARAMS_FILE}); finish the run first")
+    pre = load_pretrained(run)
+    try:
+        table = np.asarray(pre.encoder["token_embed"]["embedding"], dtype=np.float32)
+    except (KeyError, TypeError):
+        raise FedprivError(f"{run / PARAMS_FILE}: the encoder has no token_embed/embedding table") from None
+    vocab = PieceVocab(pre.tokenizer.wordpiece, pre.tokenizer.lowercase)
+    return EmbeddingSpace(
+        vocab.tokens,
+        table,
+        vocab.pool,
+        vocab.unk,
+        source=f"run {run} (final parameters)",
+        info={"kind": "fedpriv-bert-run", "task": kind, "pieces": len(vocab), "lowercase": vocab.lowercase,
+              "experiment": experiment, "not_output": len(vocab) - int(vocab.pool.size)},
+        pieces=vocab.word_ids,
     )
 
 
@@ -231,13 +303,23 @@ def _is_float(x: str) -> bool:
     return True
 
 
-def load_embeddings(spec: str | os.PathLike[str], max_words: int | None = None, log: Callable[[str], None] | None = None) -> EmbeddingSpace:
-    """A run directory (NWP) or a GloVe-style text file, by what ``spec`` is."""
+def load_embeddings(
+    spec: str | os.PathLike[str], max_words: int | None = None, log: Callable[[str], None] | None = None, pieces: bool = False
+) -> EmbeddingSpace:
+    """A run directory (NWP, or BERT when ``pieces``) or a GloVe-style text file, by what ``spec``
+    is. Without ``pieces`` a subword space (a BERT run) is refused: privatizing text needs a row
+    per word."""
     p = Path(spec)
     if p.is_dir():
         if max_words is not None:
             raise FedprivError("max_words applies to GloVe-style files, not to run directories")
-        return load_run_embeddings(p, log)
+        space = load_run_embeddings(p, log)
+        if space.unit != "word" and not pieces:
+            raise FedprivError(
+                f"{p}: a BERT run's embedding space holds WordPiece pieces, not words; privatizing text needs word "
+                "embeddings (an NWP run or a GloVe-style file). BERT spaces are for measurements ([[measure]])."
+            )
+        return space
     if p.is_file():
         return load_glove(p, max_words)
     raise FedprivError(f"{spec}: no such run directory or embeddings file")

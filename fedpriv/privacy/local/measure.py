@@ -196,16 +196,17 @@ def token_inversion(
     etas: Sequence[float],
     max_tokens: int | None = 20_000,
 ) -> InversionResult:
-    """Qu et al. sec. 5.4: for each corpus position whose word is an allowed (regular) token of
+    """Qu et al. sec. 5.4: for each corpus position whose token is an allowed (regular) token of
     ``space`` (an EmbeddingSpace), perturb its embedding with M_rep and guess the original as the
-    nearest allowed token; accuracy per eta. Positions of out-of-vocabulary words are skipped (the
-    attacker cannot name them) and counted. ``max_tokens``: a random sample of that many
-    positions (None: all)."""
+    nearest allowed token; accuracy per eta. The positions are those of the space's unit
+    (:meth:`EmbeddingSpace.corpus_ids`): words, or the WordPiece pieces of the words for a BERT
+    run's space. Positions of out-of-vocabulary tokens are skipped (the attacker cannot name them)
+    and counted. ``max_tokens``: a random sample of that many positions (None: all)."""
     if not hasattr(space, "ids"):
         raise FedprivError("token_inversion needs an EmbeddingSpace (to look words up)")
     idx = space.index()
     etas = [check_eta(e) for e in etas]
-    ids = space.ids(list(words))
+    ids = space.corpus_ids(list(words)) if hasattr(space, "corpus_ids") else space.ids(list(words))
     regular = np.isin(ids, idx.allowed)
     skipped = int(np.sum(~regular))
     ids = ids[regular]

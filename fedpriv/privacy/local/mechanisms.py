@@ -9,9 +9,12 @@ here with d the Euclidean distance between the inputs' embeddings, d(x, x') = ||
 
 * :func:`sample_noise`: N in R^n with density proportional to exp(-eta·||N||), drawn as a radius
   r ~ Gamma(shape=n, scale=1/eta) times a direction uniform on the unit sphere (Qu et al. sec. 3.2.3).
-* :func:`privatize_representations` (M_rep, Qu et al. eq. 3): x + N.
+* :func:`privatize_representations` (M_rep, Qu et al. eq. 3): x + N;
+  :func:`privatize_stream_representations` the same for many sequences with per-stream keys.
 * :func:`privatize_tokens` (M_txt, Qu et al. eq. 4): the vocabulary token nearest (Euclidean) to
   phi(w) + N. Post-processing of M_rep, so the same eta·d_chi guarantee.
+* :func:`privatize_tokens_jit`: M_txt inside a jitted computation (the BERT tasks' user-side
+  privatization, :mod:`fedpriv.tasks.local_inputs`), the same draws as :func:`privatize_tokens`.
 * :func:`vickrey_tokens`: the Vickrey mechanism of Xu et al. 2021 (PrivateNLP 2021, "On a
   Utilitarian Approach to Privacy Preserving Text Generation", Algorithm 1): the first or the second
   nearest token to phi(w) + N, chosen at random with the probability of Algorithm 1, step 6; and
@@ -302,6 +305,19 @@ def privatize_representations(key: Any, x: Any, eta: float) -> np.ndarray:
     return arr + sample_noise(key, arr.shape[:-1], arr.shape[-1], eta)
 
 
+def privatize_stream_representations(key: Any, streams: Any, positions: Any, ids: Any, table: Any, eta: float) -> np.ndarray:
+    """M_rep of many sequences in one batch: row j is ``table[ids[j]] + N`` with N drawn from
+    ``fold_in(fold_in(key, streams[j]), positions[j])``, the key :func:`privatize_streams` uses for
+    the same position, so M_txt there is the nearest allowed token to this row. (n, dim) float32."""
+    e = check_eta(eta)
+    tab = np.asarray(table.table if hasattr(table, "table") else table, np.float32)
+    a = _check_ids(ids, tab.shape[0]).reshape(-1)
+    st, pos = _u32(streams, "streams"), _u32(positions, "positions")
+    if not st.size == pos.size == a.size:
+        raise PrivacyParameterError(f"ids, streams and positions must have the same length ({a.size}, {st.size}, {pos.size})")
+    return tab[a] + _noise(_key(key), st, pos, tab.shape[1], e)
+
+
 # ---- nearest neighbours ---------------------------------------------------------------------------
 @partial(jax.jit, static_argnums=(3, 4))
 def _knn(q: jax.Array, tab: jax.Array, sq: jax.Array, m: int, k: int) -> tuple[jax.Array, jax.Array]:
@@ -473,6 +489,21 @@ def vickrey_tokens(key: Any, ids: Any, table: Any, eta: float, t: float, k: int 
     if int(k) < 2:
         raise PrivacyParameterError(f"the Vickrey mechanism needs k >= 2 candidates, got {k}")
     return _token_mechanism(key, ids, table, eta, allowed, tv, int(k))
+
+
+def privatize_tokens_jit(keys: jax.Array, ids: jax.Array, table: jax.Array, allowed: jax.Array, eta: Any) -> jax.Array:
+    """M_txt inside a traced computation (e.g. a training loss): ``ids`` (Q,) int32 -> (Q,) int32,
+    each the allowed token nearest (exact Euclidean) to ``table[id] + N``. Position q draws its noise
+    from the typed key ``keys[q]`` exactly as :func:`privatize_tokens` draws position i from
+    ``fold_in(key, i)`` (split in three: radius, direction, unused), so with those keys both give
+    the same tokens. ``table``: (V, d) float32; ``allowed``: (A,) int32 sorted output ids; ``eta``
+    may be traced (check it with :func:`check_eta` before). Same eta·d_chi guarantee per token."""
+    sub = jax.vmap(lambda k: jax.random.split(k, 3))(keys)
+    dim = int(table.shape[1])
+    noised = table[ids] + _radii(sub, jnp.float32(dim), jnp.asarray(eta, jnp.float32))[:, None] * _directions(sub, dim)
+    tab = table[allowed]
+    pos, _ = _knn(noised, tab, jnp.sum(tab * tab, axis=1), min(int(allowed.shape[0]), 1 + SHORTLIST_EXTRA), 1)
+    return allowed[pos[:, 0]]
 
 
 def privatize_streams(
