@@ -11,6 +11,12 @@
 #            with TF 2.14), on Python 3.11
 #   tff    : tensorflow-federated==0.87.0 (pins tensorflow~=2.14.0, tensorflow-privacy==0.9.0,
 #            jax/jaxlib==0.4.14). Kept apart from tf so that a failure of TFF leaves TF Privacy.
+#            PyPI has no jaxlib 0.4.14 wheel for Python 3.11 on x86_64 (0.4.13, then 0.4.18), so a
+#            plain `pip install tensorflow-federated==0.87.0` fails. Installed in two steps instead:
+#            TFF itself with --no-deps, then every other Requires-Dist of its METADATA exactly as
+#            pinned there, except jax/jaxlib 0.4.13 for 0.4.14 (TFF's JAX backend is not used here:
+#            the benchmark runs TFF's TensorFlow simulation). `pip check` then reports that one
+#            mismatch (kept in .bench-envs/tff/pip-check.txt).
 # Flower's built-in DP strategies need no env of their own: flwr==1.41.0 is part of the
 # project's stack (.venv) and is measured from there.
 set -u
@@ -28,8 +34,10 @@ make_env() {  # name, pip args...
   local t0=$(date +%s)
   test -x "$env/bin/python" || "$PYTHON" -m venv "$env"
   "$env/bin/python" -m pip install --quiet --upgrade "pip>=24" >/dev/null 2>&1
-  if "$env/bin/python" -m pip install --quiet --progress-bar off "$@" >"$ROOT/$name.log" 2>&1; then
+  if { [ -z "${NODEPS:-}" ] || "$env/bin/python" -m pip install --quiet --progress-bar off --no-deps $NODEPS >"$ROOT/$name.log" 2>&1; } &&
+     "$env/bin/python" -m pip install --quiet --progress-bar off "$@" >>"$ROOT/$name.log" 2>&1; then
     "$env/bin/python" -m pip freeze > "$env/freeze.txt"
+    "$env/bin/python" -m pip check > "$env/pip-check.txt" 2>&1
     rm -f "$err"; touch "$stamp"
     echo "[envs] $name: installed in $(( $(date +%s) - t0 )) s"
   else
@@ -48,6 +56,11 @@ if [ "$what" = tf ] || [ "$what" = all ]; then
   make_env tf "tensorflow==2.14.1" "tensorflow-privacy==0.9.0" || rc=1
 fi
 if [ "$what" = tff ] || [ "$what" = all ]; then
-  make_env tff "tensorflow-federated==0.87.0" "tensorflow==2.14.1" "tensorflow-privacy==0.9.0" || rc=1
+  # TFF 0.87.0's Requires-Dist, jax/jaxlib 0.4.14 -> 0.4.13 (see the header).
+  NODEPS="tensorflow-federated==0.87.0" make_env tff "tensorflow==2.14.1" "tensorflow-privacy==0.9.0" \
+    "jax==0.4.13" "jaxlib==0.4.13" "absl-py==1.*,>=1.0" "attrs~=23.1" "cachetools~=5.3" "dm-tree==0.1.8" \
+    "dp-accounting==0.4.3" "google-vizier==0.1.11" "grpcio~=1.46" "ml-dtypes==0.2.*,>=0.2.0" "numpy~=1.25" \
+    "portpicker~=1.6" "scipy~=1.9.3" "tensorflow-model-optimization==0.7.5" "tqdm~=4.64" \
+    "typing-extensions==4.5.*,>=4.5.0" "googleapis-common-protos==1.61.0" || rc=1
 fi
 exit $rc

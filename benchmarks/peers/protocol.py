@@ -9,14 +9,17 @@ import json
 import sys
 
 
-def serve(peer, equiv_variant: bool = True) -> None:
-    """Answer commands for ``peer`` (an object with ``equiv(k, lr[, variant])`` and ``time(variant, n)``) until quit or EOF."""
+def serve(peer, equiv_variant: bool = True, equiv=None) -> None:
+    """Answer commands for ``peer`` (an object with ``equiv(k, lr[, variant])`` and ``time(variant, n)``) until quit or EOF.
+    ``equiv``: a function of the whole command giving the losses, for peers whose check takes other arguments."""
     for line in sys.stdin:
         cmd = json.loads(line)
         try:
             if cmd["cmd"] == "quit":
                 break
-            if cmd["cmd"] == "equiv":
+            if cmd["cmd"] == "equiv" and equiv is not None:
+                ans = {"losses": equiv(cmd)}
+            elif cmd["cmd"] == "equiv":
                 extra = (cmd.get("variant", "dp-hooks"),) if equiv_variant else ()
                 ans = {"losses": peer.equiv(cmd["k"], cmd["lr"], *extra)}
             elif cmd["cmd"] == "time":
@@ -24,5 +27,8 @@ def serve(peer, equiv_variant: bool = True) -> None:
             else:
                 ans = {"error": f"unknown command {cmd['cmd']}"}
         except Exception as e:  # reported to the driver, which writes it on the page
+            import traceback
+
+            traceback.print_exc()  # to the peer's stderr, which the driver quotes
             ans = {"error": f"{type(e).__name__}: {str(e)[:400]}"}
         print(json.dumps(ans), flush=True)

@@ -1,14 +1,16 @@
 """Peers benchmark driver (project venv): fedpriv against Opacus, TensorFlow Privacy, TensorFlow
 Federated and Flower's built-in DP, on the same work, on this machine, and docs/benchmarks.md.
 
-    .venv/bin/python benchmarks/peers/run.py [--sections epsilon,opacus-nwp,opacus-bert,flower]
+    .venv/bin/python benchmarks/peers/run.py [--sections epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras]
         [--repeats 3] [--page-only]
 
 Each peer runs in its own environment (.bench-envs/<peer>, made by benchmarks/peers/envs.sh) as a
 subprocess that answers JSON commands on stdin/stdout, so fedpriv's steps and the peer's are
 timed in alternating blocks in ONE run (the machine is shared; only ratios measured side by side
 mean anything). Each section's results go to .bench-envs/results/<section>.json with the command
-and the time it ran; the page is rebuilt from all of them.
+and the time it ran; the page is rebuilt from all of them, and a section with no result there
+keeps its block from the current page (the results are not committed: a fresh checkout must not
+wipe figures measured before).
 """
 
 from __future__ import annotations
@@ -49,12 +51,27 @@ def env_error(name: str) -> str | None:
     return "\n".join(lines[-2:]) or e.read_text()[-600:]
 
 
+def peer_env() -> dict:
+    """The environment for a peer process: this one's, less PYTHONPATH/PYTHONHOME.
+
+    Why: Flower 1.41's Ray backend (``RayBackend.init_ray``) sets ``os.environ["PYTHONPATH"]`` to this
+    driver's whole ``sys.path`` (the project venv's site-packages included) and never restores it.
+    A peer started after the ``flower`` section then imported the project's numpy 2.4 instead of its
+    own env's, and TensorFlow 2.14 died at import (``pywrap_ml_dtypes.bfloat16()``: "TypeError:
+    Unable to convert function return value to a Python type!"): the tf-keras section's "TF peer
+    exited before answering"."""
+    env = dict(os.environ)
+    for k in ("PYTHONPATH", "PYTHONHOME"):
+        env.pop(k, None)
+    return env
+
+
 class PeerProc:
     def __init__(self, argv: list[str]):
         WORK.mkdir(parents=True, exist_ok=True)
         self.err_path = WORK / f"{Path(argv[1]).stem}-{'-'.join(Path(a).stem for a in argv[2:4])}.stderr"
         self.err = open(self.err_path, "w")  # noqa: SIM115  the peer's stderr, quoted if it dies
-        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True, cwd=ROOT)
+        self.p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.err, text=True, cwd=ROOT, env=peer_env())
         self.hello = self._read()
 
     def _read(self) -> dict:
@@ -132,7 +149,7 @@ def section_epsilon(args) -> dict:
     tf = peer_python("tf")
     if tf:
         cfgs = [{**c, "orders": out["fedpriv_orders"]} for c in EPS_CONFIGS]
-        r = subprocess.run([str(tf), str(HERE / "tf_peer.py"), "epsilon"], input=json.dumps(cfgs), capture_output=True, text=True, cwd=ROOT)
+        r = subprocess.run([str(tf), str(HERE / "tf_peer.py"), "epsilon"], input=json.dumps(cfgs), capture_output=True, text=True, cwd=ROOT, env=peer_env())
         ans = json.loads(r.stdout.strip().splitlines()[-1])
         out["peers"]["tf"] = {"versions": {k: v for k, v in ans.items() if k != "results"}}
         for row, a in zip(rows, ans["results"]):
@@ -143,7 +160,7 @@ def section_epsilon(args) -> dict:
     op = peer_python("opacus")
     if op:
         cfgs = [{"q": r["q"], "sigma": r["sigma"], "steps": r["steps"], "delta": r["delta"]} for r in rows]
-        r = subprocess.run([str(op), str(HERE / "opacus_peer.py"), "--model", "epsilon"], input=json.dumps(cfgs), capture_output=True, text=True, cwd=ROOT)
+        r = subprocess.run([str(op), str(HERE / "opacus_peer.py"), "--model", "epsilon"], input=json.dumps(cfgs), capture_output=True, text=True, cwd=ROOT, env=peer_env())
         ans = json.loads(r.stdout.strip().splitlines()[-1])
         out["peers"]["opacus"] = {"versions": {"opacus": ans["opacus"]}}
         for row, a in zip(rows, ans["results"]):
@@ -256,9 +273,144 @@ def section_flower(args) -> dict:
 
     import flower_dp
 
-    with tempfile.TemporaryDirectory() as tmp:
-        out = flower_dp.bench(args.flower_users, args.flower_rounds, args.flower_model, 1.0, 0.5, Path(tmp), log)
+    before = os.environ.get("PYTHONPATH")
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out = flower_dp.bench(args.flower_users, args.flower_rounds, args.flower_model, 1.0, 0.5, Path(tmp), log)
+    finally:  # Flower's Ray backend leaves PYTHONPATH = this process's sys.path behind (see peer_env)
+        if before is None:
+            os.environ.pop("PYTHONPATH", None)
+        else:
+            os.environ["PYTHONPATH"] = before
     out["versions"] = {"flwr": flwr.__version__}
+    return out
+
+
+# ---- (e) TensorFlow Federated's DP-FedAvg -------------------------------------------------------
+TFF_CLIP, TFF_Z = 0.5, 1.0  # as the flower section
+TFF_NAMES = ["embed", "lstm_wi", "lstm_wh", "lstm_b", "projection_kernel", "projection_bias", "output_kernel", "output_bias"]
+
+
+def _nwp_leaves(p) -> list:
+    """fedpriv's NWP params in the export order (TFF_NAMES; Keras' trainable weights' order)."""
+    return [p["embed"]["embedding"], p["lstm"]["wi"], p["lstm"]["wh"], p["lstm"]["b"], p["projection"]["kernel"], p["projection"]["bias"],
+            p["output"]["kernel"], p["output"]["bias"]]
+
+
+def section_tff(args) -> dict:
+    """DP-FedAvg on the flower section's NWP task and cohort: fedpriv (vectorized engine) against
+    ``tff.learning.algorithms.build_unweighted_fed_avg`` with ``DifferentiallyPrivateFactory.gaussian_fixed``.
+
+    1. The same thing: one noise-free round (clip S, z = 0) from the same initial weights on the same
+       users' round-1 batches; relative difference of the new weights, as the flower section.
+    2. Round times: ``args.repeats`` blocks, each a fedpriv vectorized run of R rounds, then R TFF
+       rounds from a fresh state in the peer (one process, so TFF's tracing is in its first block's
+       first round only); the median over every block's rounds 2..R."""
+    import tempfile
+
+    import jax
+    import numpy as np
+
+    import fedpriv_side as fs
+    import flower_dp
+    from fedpriv.config import validate_config
+    from fedpriv.engines.rounds import FederatedSetup
+    from fedpriv.engines.vectorized import run_vectorized
+    from fedpriv.pipeline import prepare
+
+    tp = peer_python("tff")
+    if not tp:
+        return {"error": env_error("tff") or "env missing"}
+    users, rounds, model, S, z = args.flower_users, args.flower_rounds, args.flower_model, TFF_CLIP, TFF_Z
+    out: dict = {"users": users, "clients_per_round": users, "rounds": rounds, "model": model, "noise_multiplier": z, "clip_norm": S}
+    WORK.mkdir(parents=True, exist_ok=True)
+    data = WORK / "tff.npz"
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        d0 = flower_dp.experiment(users, 1, model, 0.0, S, strategy="fedavg-clip")
+        prepared = prepare(validate_config(d0))
+        setup = FederatedSetup(prepared)
+        f = setup.fcfg
+        init = setup.initial_params()
+        ids = np.asarray(setup.data.arrays["ids"])
+        per_user = {}
+        for u in range(setup.data.num_users):
+            plan = setup.plan(u, 1)
+            per_user[f"user{u}"] = ids[setup.data.offsets[u] + plan[plan >= 0]]  # round 1's batches, in order
+        out["example_counts"] = sorted(set(int(c) for c in setup.data.counts))
+        out["local"] = {"epochs": f.local_epochs, "batch": f.local_batch_size, "client_lr": f.client_learning_rate,
+                        "server": f"{f.server_optimizer} {f.server_learning_rate}", "max_local_steps": f.max_local_steps}
+        fs.export_nwp(setup.task, init, {"ids": ids[:1]}, data)
+        arrays = dict(np.load(data))
+        np.savez(data, **arrays, **per_user, z=z, clip=S, batch=f.local_batch_size, client_lr=f.client_learning_rate)
+        out["params"] = int(sum(np.size(x) for x in jax.tree_util.tree_leaves(init)))
+        peer = PeerProc([str(tp), str(HERE / "tff_peer.py"), str(data)])
+        out["versions"] = {k: peer.hello[k] for k in ("tensorflow_federated", "tensorflow", "tensorflow_privacy", "jax", "jaxlib")}
+        try:
+            # 1. the same thing: one noise-free round at the run's clip S and at S / 10 (where clipping binds for more clients).
+            out["equiv"] = []
+            w0 = np.concatenate([np.ravel(np.asarray(arrays[k], np.float64)) for k in TFF_NAMES])
+            for clip in (S, S / 10):
+                t = time.perf_counter()
+                vec0 = run_vectorized(prepare(validate_config(flower_dp.experiment(users, 1, model, 0.0, clip, strategy="fedavg-clip"))), tmp / f"equiv-vec-{clip}")
+                row0 = next(r for r in vec0.history if r.get("split") == "train")
+                theirs_path = WORK / "tff-equiv.npz"
+                ans = peer.ask(cmd="equiv", k=1, lr=0.0, out=str(theirs_path), clip=clip)
+                log(f"[tff] noise-free round at clip {clip}: {time.perf_counter() - t:.1f} s  {ans}")
+                if "error" in ans:
+                    out["equiv_error"] = ans["error"]
+                    break
+                a = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in _nwp_leaves(vec0.params)])
+                theirs = dict(np.load(theirs_path))
+                b = np.concatenate([np.ravel(np.asarray(theirs[k], np.float64)) for k in TFF_NAMES])
+                e = {"clip": clip, "update_norm": float(np.linalg.norm(a - w0)), "peer_update_norm": float(np.linalg.norm(b - w0)),
+                     "max_abs_diff": float(np.max(np.abs(a - b))), "rel_diff": float(np.linalg.norm(a - b) / max(np.linalg.norm(a - w0), 1e-12)),
+                     "tff_client_loss": ans["losses"][0], "fedpriv_client_loss": row0.get("loss"),
+                     "unclipped_fraction": row0.get("unclipped_fraction"), "mean_delta_norm": row0.get("mean_norm", row0.get("mean_delta_norm"))}
+                out["equiv"].append(e)
+                log(f"[tff] equivalence: {e}")
+                if clip == S:
+                    a_free, b_free = a, b
+            if "equiv_error" not in out:
+                # The noise: one round with z from the same weights on each side, minus the noise-free round (the client
+                # updates are deterministic, so the difference is the noise on the average): its std per coordinate
+                # against z S / m.
+                noisy_path = WORK / "tff-noisy.npz"
+                ans = peer.ask(cmd="equiv", k=1, lr=0.0, out=str(noisy_path), z=z)
+                if "error" not in ans:
+                    nz = dict(np.load(noisy_path))
+                    tff_noise = np.concatenate([np.ravel(np.asarray(nz[k], np.float64)) for k in TFF_NAMES]) - b_free
+                    vec1 = run_vectorized(prepare(validate_config(flower_dp.experiment(users, 1, model, z, S))), tmp / "noisy-vec")
+                    fp_noise = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in _nwp_leaves(vec1.params)]) - a_free
+                    out["noise_check"] = {"expected_std": z * S / users, "tff_std": float(np.std(tff_noise)), "tff_mean": float(np.mean(tff_noise)),
+                                          "fedpriv_std": float(np.std(fp_noise)), "fedpriv_mean": float(np.mean(fp_noise)), "coordinates": int(fp_noise.size)}
+                    log(f"[tff] noise check: {out['noise_check']}")
+                else:
+                    out["noise_check"] = {"error": ans["error"]}
+            # 2. round times with noise.
+            d = flower_dp.experiment(users, rounds, model, z, S)
+            prepared = prepare(validate_config(d))
+            vec, tff_ = [], []
+            for r in range(args.repeats):
+                t = time.perf_counter()
+                res = run_vectorized(prepared, tmp / f"dp-vec-{r}")
+                vec.append(flower_dp.round_seconds(tmp / f"dp-vec-{r}"))
+                log(f"[tff] block {r + 1}: fedpriv vectorized {time.perf_counter() - t:.1f} s {[round(x, 2) for x in vec[-1]]}")
+                if r == 0:
+                    try:
+                        out["fedpriv_ledger"] = json.loads((tmp / "dp-vec-0" / "privacy_ledger.json").read_text())
+                    except Exception:  # noqa: BLE001
+                        pass
+                t = time.perf_counter()
+                ans = peer.ask(cmd="time", variant="dp-fedavg", n=rounds)
+                if "error" in ans:
+                    out["error"] = "TFF round: " + ans["error"]
+                    break
+                tff_.append(ans["times"])
+                log(f"[tff] block {r + 1}: TFF {time.perf_counter() - t:.1f} s {[round(x, 2) for x in tff_[-1]]}")
+            out["vectorized_round_seconds"], out["tff_round_seconds"] = vec, tff_
+        finally:
+            peer.close()
     return out
 
 
@@ -285,33 +437,152 @@ def fmt(x, d=3):
     return "n/a" if x is None else f"{x:.{d}g}" if isinstance(x, float) else str(x)
 
 
+# Each section's heading on the page. A section with no result in .bench-envs/results/ (never run
+# in this checkout: the results are not committed) keeps its block from the current page, so
+# regenerating the page never wipes figures measured earlier.
+TITLES = {"epsilon": "## (a) Epsilon", "opacus-nwp": "## (b) DP-SGD step against Opacus: NWP LSTM",
+          "opacus-bert": "## (b) DP-SGD step against Opacus: BERT-small", "flower": "## (c) DP-FedAvg against Flower",
+          "tf-keras": "## (d) ", "tff": "## (e) "}
+
+
+def old_page() -> dict:
+    """The current page cut into blocks: {'## heading line': block lines (heading included, trailing
+    blank lines dropped)}, plus 'machine' (its Machine: line) and 'envs' ({env name: status cell})."""
+    out: dict = {"blocks": {}, "machine": None, "envs": {}}
+    if not PAGE.exists():
+        return out
+    cur = None
+    for line in PAGE.read_text().splitlines():
+        if line.startswith("## "):
+            cur = line
+            out["blocks"][cur] = [line]
+        elif cur is not None:
+            out["blocks"][cur].append(line)
+        if line.startswith("Machine: ") and out["machine"] is None:
+            out["machine"] = line
+        if cur and cur.startswith("## Environments") and line.startswith("| ") and "`.bench-envs/" in line:
+            cells = [c.strip() for c in line.strip("|").split(" | ")]
+            out["envs"][cells[0]] = cells[-1]
+    for k, v in out["blocks"].items():
+        while v and not v[-1].strip():
+            v.pop()
+    return out
+
+
+def kept(old: dict, key: str) -> list[str]:
+    """The page's previous block for section ``key`` (its own command line and date included), or []."""
+    for head, block in old["blocks"].items():
+        if head.startswith(TITLES[key]):
+            return block + [""]
+    return []
+
+
+def tff_block(t: dict) -> list[str]:
+    L = ["## (e) DP-FedAvg against TensorFlow Federated", "", f"Command: `{t['command']}` ({t['when']}); wall {t.get('wall_s')} s.", ""]
+    if "error" in t and not t.get("tff_round_seconds"):
+        return L + [f"Not measured: {t['error']}", ""]
+    v = t["versions"]
+    loc = t["local"]
+    L += [f"Versions: tensorflow-federated {v['tensorflow_federated']}, tensorflow {v['tensorflow']}, tensorflow-privacy {v['tensorflow_privacy']}, "
+          f"jax/jaxlib {v['jax']}/{v['jaxlib']} in `.bench-envs/tff`. TFF 0.87.0 pins jax/jaxlib 0.4.14, of which PyPI has no wheel for "
+          "Python 3.11 (it offers 0.4.13, then 0.4.18), so `pip install tensorflow-federated==0.87.0` fails; `benchmarks/peers/envs.sh tff` "
+          "installs TFF with `--no-deps` and then every other `Requires-Dist` of its METADATA as pinned there, with jax/jaxlib 0.4.13 in "
+          "place of 0.4.14 (`pip check` reports exactly that mismatch). TFF's JAX backend is not used: this is its TensorFlow simulation "
+          "(the default local C++ execution context, all clients in one process).", "",
+          f"The task and cohort of section (c): NWP `{t['model']}` model ({t['params']:,} parameters), {t['users']} users, all "
+          f"{t['clients_per_round']} in every round, {loc['epochs']} local epoch of batch {loc['batch']} (at most 32 examples/user; counts "
+          f"{t['example_counts']}), client SGD {loc['client_lr']}, server {loc['server']}, clip S = {t['clip_norm']}, noise multiplier "
+          f"{t['noise_multiplier']}; {t['rounds']} rounds per block. TFF side: `tff.learning.algorithms.build_unweighted_fed_avg` on the Keras "
+          "port of the NWP LSTM (as section (d); `tff.learning.models.from_keras_model`, loss per example the mean cross-entropy over its "
+          "non-pad targets, mean over the batch), `build_sgdm` client and server optimizers, `model_aggregator = "
+          "DifferentiallyPrivateFactory.gaussian_fixed(noise_multiplier=z, clients_per_round=m, clip=S)`; each client's tf.data "
+          "dataset holds its examples in fedpriv's round-1 order, cut into batches of 16 in order. A TFF round = one `process.next` "
+          "(wall seconds); a fedpriv round = `round_seconds` of `metrics.jsonl` (vectorized engine, `dp-fedavg`). The run alternates "
+          "blocks: a fedpriv run of all rounds, then as many TFF rounds from a fresh state in the same TFF process (whose iterative process "
+          "for these z and S was already built and traced by the noise check below); the first round of each block (fedpriv: "
+          "compilation) is left out of both medians.", ""]
+    vec = [x for blk in t["vectorized_round_seconds"] for x in blk[1:]]
+    tf_ = [x for blk in t["tff_round_seconds"] for x in blk[1:]]
+    mv, mt = statistics.median(vec), statistics.median(tf_)
+    r2 = lambda blocks: "; ".join(", ".join(f"{x:.2f}" for x in b) for b in blocks)  # noqa: E731
+    L += ["| run | median s/round (rounds 2.. of each block) | all rounds, per block (s) | ratio fedpriv / TFF |", "| --- | --- | --- | --- |",
+          f"| fedpriv DP-FedAvg, vectorized engine | {mv:.3f} | {r2(t['vectorized_round_seconds'])} | **{mv / mt:.3f}** |",
+          f"| TFF build_unweighted_fed_avg + DifferentiallyPrivateFactory.gaussian_fixed | {mt:.3f} | {r2(t['tff_round_seconds'])} | 1 |", ""]
+    L.append("fedpriv is faster." if mv < mt else f"**fedpriv is NOT ahead of TFF here ({mv / mt:.2f}x its round time).**")
+    L.append("")
+    if t.get("equiv"):
+        ok = all(e["rel_diff"] <= 1e-4 for e in t["equiv"])
+        L += ["Same computation: one noise-free round (z = 0; fedpriv `fedavg-clip`, TFF `gaussian_fixed` with noise_multiplier 0) from the "
+              "same initial weights on the same batches, at the run's clip S and at S / 10 (where clipping binds for every client), "
+              f"tolerance 1e-4 on ||fedpriv - TFF|| / ||fedpriv's update||: **{'same' if ok else 'NOT the same'}**.", "",
+              "| clip | clients unclipped (fedpriv) | mean delta norm | ||update|| fedpriv | ||update|| TFF | relative difference | max abs diff | "
+              "mean client loss fedpriv | TFF |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for e in t["equiv"]:
+            L.append(f"| {e['clip']:g} | {fmt(e.get('unclipped_fraction'))} | {fmt(e.get('mean_delta_norm'), 4)} | {e['update_norm']:.5f} | "
+                     f"{e['peer_update_norm']:.5f} | {e['rel_diff']:.2e} | {e['max_abs_diff']:.2e} | {fmt(e.get('fedpriv_client_loss'), 6)} | "
+                     f"{fmt(e.get('tff_client_loss'), 6)} |")
+        L += ["", "(Client loss: fedpriv's is the mean over clients of their mean local step loss, TFF's its own `client_work/train/loss` "
+              "aggregation; they are reported, not compared.)", ""]
+    elif t.get("equiv_error"):
+        L += [f"Same computation: not checked, the TFF round failed: `{t['equiv_error']}`", ""]
+    nc = t.get("noise_check") or {}
+    if nc.get("expected_std"):
+        L += [f"Noise: one round with z = {t['noise_multiplier']} from the same weights on each side minus the noise-free round (the clients' "
+              f"updates are deterministic, so the difference is the noise on the average), over {nc['coordinates']:,} coordinates: "
+              f"std fedpriv {nc['fedpriv_std']:.5f}, TFF {nc['tff_std']:.5f}, expected z S / m = {nc['expected_std']:.5f} "
+              f"(means {nc['fedpriv_mean']:.1e} and {nc['tff_mean']:.1e}).", ""]
+    L += ["Noise and clipping semantics (the same mechanism):", "",
+          "- TFF 0.87 `DifferentiallyPrivateFactory.gaussian_fixed(z, m, S)` = TF Privacy's `NormalizedQuery(GaussianSumQuery("
+          "l2_norm_clip=S, stddev=S z), denominator=m)`: each client's model delta is clipped to global L2 norm S (`tf.clip_by_global_norm`: "
+          "factor S / max(norm, S)), the clipped deltas are summed, N(0, (z S)^2) is added to each coordinate of the sum, and the sum is "
+          "divided by the fixed `clients_per_round` m (not the number of clients that reported): std z S / m on the average; no weighting "
+          "by example count (an unweighted factory). The server optimizer then applies the average.",
+          "- fedpriv `dp-fedavg`: each delta clipped to L2 norm S (factor min(1, S / norm)), summed, N(0, (z S)^2) per coordinate added, "
+          "divided by the fixed cohort size m: the same uniform 1/m average of clipped deltas + N(0, (z S / m)^2), then the server optimizer "
+          "(SGD 1.0 here, on both sides).",
+          "- Accounting: TFF's factory releases the noised average and computes no epsilon (its docstring points to McMahan et al. 2017 for the "
+          "(epsilon, delta) guarantee; the user runs an accountant such as dp-accounting separately). fedpriv records every round's "
+          "sampling and noise in the run's privacy ledger and reports user-level (epsilon, delta) from it"
+          + (f" (this run: `{json.dumps(t['fedpriv_ledger'].get('entries'))}`)." if t.get("fedpriv_ledger") else "."), ""]
+    return L
+
+
 def page() -> str:
     res = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+    old = old_page()
     L = ["# Benchmarks: fedpriv against its peers", "",
          "Written by `make bench` (`benchmarks/peers/run.py`; the peers' environments by `benchmarks/peers/envs.sh`).",
          "Every ratio is fedpriv / peer of times measured in ONE run, fedpriv's and the peer's steps in alternating blocks",
          "(< 1: fedpriv is faster). The machine is shared with other jobs: absolute times drift between runs; the ratios are what",
          "the page reports. Each section states the command that produced it, when, its wall time, and on what. The runs of "
-         "2026-11-23 shared the 2 CPUs with two other fedpriv training jobs (load average about 7), which inflates every absolute time.", "",
-         "`make bench-peers` (also the last step of `make bench`) builds the peers' environments if missing and runs sections "
-         "`epsilon,opacus-nwp,opacus-bert,flower` with `--repeats 2` (override: `make bench-peers BENCH_PEERS_SECTIONS=... "
-         "BENCH_PEERS_ARGS=...`). Section `tf-keras` is left out of the default because TF Privacy's jacobian-based DP step on the "
-         "LSTM takes minutes to trace and run here; run it with `--sections tf-keras`. A section not rerun keeps its last result "
-         "(and its own command line) on the page.", ""]
+         "2026-11-23 up to 19:00 shared the 2 CPUs with two other fedpriv training jobs (load average about 7), those from 23:45 on "
+         "with one (load average 2 to 4), which inflates every absolute time.", "",
+         "`make bench-peers` (also the last step of `make bench`) builds the peers' environments if missing and runs every section, "
+         "`epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras`, with `--repeats 2` (override: `make bench-peers BENCH_PEERS_SECTIONS=... "
+         "BENCH_PEERS_ARGS=...`; the slowest are `opacus-bert`, about 16 minutes here, and `tf-keras`, about 6). "
+         "A section not rerun keeps its last result (and its own command line) on the page: from `.bench-envs/results/` where "
+         "it is, else the block already on this page (the results are not committed).", ""]
     any_meta = next(iter(res.values()), {}).get("meta") if res else None
     if any_meta:
         m = any_meta["machine"]
         L += [f"Machine: `{m['arch']}`, {m['cpus']} CPUs ({m['processor']}), Python {m['python']}; fedpriv side: jax {m['jax']}, numpy {m['numpy']}.", ""]
+    elif old["machine"]:
+        L += [old["machine"], ""]
     L += ["## Environments", "",
           "| peer | environment | status |", "| --- | --- | --- |"]
-    for name, what in (("opacus", "torch 2.13.0 (CPU) + opacus 1.6.0"), ("tf", "tensorflow 2.14.1 + tensorflow-privacy 0.9.0"), ("tff", "tensorflow-federated 0.87.0 (+ TF 2.14.1, TF Privacy 0.9.0)")):
+    for name, what in (("opacus", "torch 2.13.0 (CPU) + opacus 1.6.0"), ("tf", "tensorflow 2.14.1 + tensorflow-privacy 0.9.0"), ("tff", "tensorflow-federated 0.87.0 (`--no-deps`) + its pinned requirements with jax/jaxlib 0.4.13 for 0.4.14 (TF 2.14.1, TF Privacy 0.9.0)")):
         err = env_error(name)
-        st = "installed" if peer_python(name) else f"NOT INSTALLED: `{err.strip()}`" if err else "not created"
+        st = "installed" if peer_python(name) else f"NOT INSTALLED: `{err.strip()}`" if err else None
+        if st is None:  # not in this checkout: keep what the page said when its sections ran
+            prev = old["envs"].get(name)
+            st = prev if prev and not prev.startswith("NOT INSTALLED") else "not created"
         L.append(f"| {name} | `.bench-envs/{name}`: {what} | {st.replace(chr(10), ' ')} |")
     L.append("| Flower built-in DP | the project venv (flwr 1.41.0 is part of fedpriv's stack) | installed |")
     L.append("")
 
     e = res.get("epsilon")
+    if not e:
+        L += kept(old, "epsilon")
     if e:
         tfv = e["peers"].get("tf", {}).get("versions", {})
         L += ["## (a) Epsilon: the same (q, sigma, steps, delta)", "", f"Command: `{e['command']}` ({e['when']}); wall {e.get('wall_s')} s.", "",
@@ -364,6 +635,7 @@ def page() -> str:
     for key, model, pname, pk in (("opacus-nwp", "nwp", "Opacus", "opacus"), ("opacus-bert", "bert", "Opacus", "opacus"), ("tf-keras", "tf", "TF Privacy", "tf-privacy")):
         o = res.get(key)
         if not o:
+            L += kept(old, key)
             continue
         title = {"nwp": "(b) DP-SGD step against Opacus: NWP LSTM", "bert": "(b) DP-SGD step against Opacus: BERT-small",
                  "tf": "(d) DP-SGD step against TF Privacy's DP Keras optimizer: NWP LSTM"}[model]
@@ -377,7 +649,17 @@ def page() -> str:
                   "TF Privacy: `DPKerasAdamOptimizer` with one microbatch per example (per-example clipping, as fedpriv), its gradients from "
                   "`_compute_gradients` (the jacobian of the per-example losses, what `model.fit` runs) in one `tf.function`; non-private: "
                   "Keras Adam. The Keras model is Embedding -> LSTM -> Dense -> Dense with fedpriv's exported weights (Keras' LSTM has "
-                  "fedpriv's single gate bias and gate order).", ""]
+                  "fedpriv's single gate bias and gate order). Each TF variant is traced and warmed up by one untimed call (for `dp-keras`: "
+                  "tracing `tape.jacobian` through the LSTM plus one step, 49 s in the run of 2026-11-23 23:55), then timed; the "
+                  "equivalence check (its own optimizer, so its own trace, and 3 steps) comes first.", ""]
+            if o.get("when", "") > "2026-11-23 23:00":
+                L += ["Why this section failed when run after the `flower` section (2026-11-23 18:57 and again 23:45, \"the TF peer exited "
+                      "before answering\"): Flower 1.41's Ray backend (`RayBackend.init_ray`) sets `os.environ[\"PYTHONPATH\"]` to the "
+                      "driver's whole `sys.path`, the project venv's site-packages included, and leaves it set; the TF peer started after "
+                      "it imported the project's numpy 2.4 instead of its own env's numpy 1.26, and TensorFlow 2.14 died at import "
+                      "(`pywrap_ml_dtypes.bfloat16()`: `TypeError: Unable to convert function return value to a Python type!`). Run alone, "
+                      "the section worked. Fix: run.py starts every peer without PYTHONPATH/PYTHONHOME (`peer_env`) and the `flower` "
+                      "section restores PYTHONPATH when it ends.", ""]
         else:
             L += ["One step = forward, backward, clipping, noise, optimizer update. fedpriv: `dp-fast` (ghost norms + book-keeping, its default "
               "where the model allows) and `dp-reference` (vmap of per-example gradients); Opacus: `dp-hooks` (GradSampleModule, "
@@ -417,6 +699,9 @@ def page() -> str:
             if f in med and p in med:
                 L.append(f"| {f} | {p} | **{med[f] / med[p]:.3f}** |")
         L.append("")
+        for f, p in pairs:
+            if f in med and p in med and med[f] >= med[p]:
+                L.append(f"**fedpriv is NOT ahead on this pair: {f} takes {med[f] / med[p]:.2f}x the time of {p}.**")
         if best_f and best_o:
             r = med[best_f] / med[best_o]
             L.append(f"Best DP step of each: {best_f} / {best_o} = {r:.3f}: " + ("fedpriv is faster." if r < 1 else f"**fedpriv is NOT ahead here: {pname} is faster.**"))
@@ -438,6 +723,8 @@ def page() -> str:
         L.append("")
 
     f = res.get("flower")
+    if not f:
+        L += kept(old, "flower")
     if f:
         L += ["## (c) DP-FedAvg against Flower's built-in DP", "", f"Command: `{f['command']}` ({f['when']}); wall {f.get('wall_s')} s.", ""]
         if "error" in f and "builtin_round_seconds" not in f:
@@ -494,31 +781,44 @@ def page() -> str:
                   "under `weighted_by_key` (default `num-examples`, so with unequal counts an accounted run stops with an error rather than "
                   "releasing an average whose sensitivity is not S/m). The accounting unit is a client's whole update, i.e. user level, as in fedpriv.", ""]
 
+    t = res.get("tff")
+    if not t:
+        L += kept(old, "tff")
+    if t:
+        L += tff_block(t)
+
     L += ["## Not measured", ""]
-    if not res.get("flower"):
+    if not res.get("flower") and not kept(old, "flower"):
         L.append("- (c) Flower's built-in DP round time: not run yet (`--sections flower`).")
-    if not res.get("opacus-bert"):
+    if not res.get("opacus-bert") and not kept(old, "opacus-bert"):
         L.append("- (b) Opacus on BERT-small: the torch port and the section are written (`--sections opacus-bert`) but have not run yet.")
-    if not res.get("tf-keras"):
-        L.append("- (d) TF Privacy's DP Keras optimizer step time on the NWP LSTM: written (`--sections tf-keras`; `tf_peer.py nwp`), "
-                 "step times NOT measured. A standalone run of the peer (not through run.py; 2026-11-23 18:33) on the same exported weights "
-                 "and batch as section (b): 3 noise-free `DPKerasSGDOptimizer` steps (lr 1, clip 1, one microbatch per example) gave losses "
-                 "[9.21095, 9.12889, 9.04254, 8.93854], fedpriv [9.21095, 9.12889, 9.04254, 8.93854], max |difference| 9.5e-07: the same "
-                 "computation. Those 3 steps took 515 s including tracing (`tape.jacobian` through the LSTM); one non-private Keras step "
-                 "1.35 s. Its one section run (2026-11-23 18:57, in the same process after the Flower section) failed at the start: the "
-                 "TF peer exited before answering, and its stderr was discarded then (run.py now quotes it); not rerun for lack of time.")
-    if not peer_python("tff"):
+    if not res.get("tf-keras") and not kept(old, "tf-keras"):
+        L.append("- (d) TF Privacy's DP Keras optimizer step time on the NWP LSTM: not run yet "
+                 "(`.venv/bin/python benchmarks/peers/run.py --sections tf-keras --repeats 2`, about 10 minutes).")
+    if not peer_python("tff") and not res.get("tff") and not kept(old, "tff"):
         err = env_error("tff")
         L.append("- (e) TensorFlow Federated 0.87 (`DifferentiallyPrivateFactory.gaussian_fixed`): " +
                  (f"cannot be installed on this machine's Python 3.11 (`bash benchmarks/peers/envs.sh tff`): `{' '.join(err.split())}`. TFF 0.87.0 pins jax/jaxlib 0.4.14, and PyPI offers "
                   "no jaxlib 0.4.14 that pip can take here." if err else "its environment was not created."))
+    if L[-1] == "":  # nothing left unmeasured: no such heading
+        L = L[:-2]
     L.append("")
-    return "\n".join(L) + "\n"
+    return order_sections("\n".join(L) + "\n")
+
+
+def order_sections(text: str) -> str:
+    """The page's '## (x) ...' sections in the order of their letters (a) to (e), whatever order they were written in."""
+    parts = text.split("\n## ")
+    head, rest = parts[0], ["## " + x for x in parts[1:]]
+    lettered = sorted((x for x in rest if x.startswith("## (")), key=lambda x: x[3:6])
+    before = [x for x in rest if not x.startswith("## (") and not x.startswith("## Not measured")]
+    after = [x for x in rest if x.startswith("## Not measured")]
+    return "\n".join([head] + before + lettered + after).rstrip("\n") + "\n"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default="epsilon,opacus-nwp,opacus-bert,flower", help="comma-separated; also tf-keras")
+    ap.add_argument("--sections", default="epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras", help="comma-separated")
     ap.add_argument("--repeats", type=int, default=3, help="alternating blocks per side")
     ap.add_argument("--block", type=int, default=1, help="steps per block")
     ap.add_argument("--batch", type=int, default=64)
@@ -545,6 +845,8 @@ def main() -> None:
                     out = section_flower(args)
                 elif s == "tf-keras":
                     out = section_tf_keras(args)
+                elif s == "tff":
+                    out = section_tff(args)
                 else:
                     raise SystemExit(f"unknown section {s}")
             except Exception as e:  # noqa: BLE001  the page says what failed

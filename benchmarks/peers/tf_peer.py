@@ -46,6 +46,7 @@ class NWPPeer:
         self.x, self.y = ids[:, :-1], ids[:, 1:]
         self.B = int(w["ids"].shape[0])
         self.ready: dict = {}
+        self.first_call: dict = {}  # variant -> seconds of its first call (trace + compile + one step)
 
     def build(self):
         tf = self.tf
@@ -110,8 +111,10 @@ class NWPPeer:
 
         if variant not in self.ready:
             _, step = self.make(variant)
-            step()
-            step()  # trace, compile, warm up
+            t = time.perf_counter()
+            step()  # trace, compile, warm up (one call: the jacobian-based DP step takes minutes to trace and about a minute to run)
+            self.first_call[variant] = time.perf_counter() - t
+            print(f"[tf_peer] {variant}: first call (trace + compile + one step) {self.first_call[variant]:.1f} s", file=sys.stderr, flush=True)
             self.ready[variant] = step
         step, out = self.ready[variant], []
         for _ in range(n):
