@@ -237,3 +237,16 @@ def test_a_dp_bert_chain_runs_and_reports_the_composed_epsilon(run_toml):
     assert f"{0.9 + dp['epsilon']:.3g} (δ 2e-06)" in chains and "| ner-" not in chains and "| dp |" in chains
     assert "F1 wnut17/emerging.dev.conll (%)" in chains and "| public-dp-vocab | ncbi-disease/train.tsv |" in chains
     assert math.isfinite(ner["eval_f1"])
+
+
+def test_the_chain_table_lists_every_fine_tuning_of_an_encoder_on_the_same_data():
+    from fedpriv.report.chain import chains_markdown
+
+    s = _summaries()
+    s["ner"]["eval_f1"] = 0.25
+    s["ner-frozen"] = {**s["ner"], "name": "ner-frozen", "eval_f1": 0.125}
+    row = next(line for line in chains_markdown(s).splitlines() if line.startswith("| dp |"))
+    assert row.endswith("| 25.0 (ner); 12.5 (ner-frozen) |")
+    del s["ner-frozen"]
+    row = next(line for line in chains_markdown(s).splitlines() if line.startswith("| dp |"))
+    assert row.endswith("| 25.0 |")  # one fine-tuning: its F1 alone

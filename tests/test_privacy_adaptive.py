@@ -92,6 +92,7 @@ def test_the_user_side_token_embedding_is_frozen_and_never_read_from_the_paramet
         MLMTask(tok, max_len=32, lowercase=True, pretrained=pretrained, privatize_eta=10.0, mlm_target="denoising"),
         MLMTask(tok, max_len=32, lowercase=True, pretrained=pretrained, freeze_token_embedding=True),  # the control: frozen, in the clear
         BertNERTask.from_examples(SENTENCES, tok, max_len=32, lowercase=True, pretrained=pretrained, privatize_eta=10.0),
+        BertNERTask.from_examples(SENTENCES, tok, max_len=32, lowercase=True, pretrained=pretrained, freeze_token_embedding=True),
     ):
         b, params = batch_of(task), task.init_params(jax.random.key(1))
         loss = lambda p: jnp.mean(task.losses(p, b, jax.random.key(2), True))  # noqa: E731
@@ -233,3 +234,21 @@ def test_privacy_adaptive_chain_keeps_the_table_and_records_the_guarantee(run_to
     comparison = (write_report(store) / "comparison.md").read_text()
     assert "locally privatized" in comparison
     assert json.loads((store / "ner" / "privatize.json").read_text()) == ner["privatize"]
+
+
+def test_the_shipped_experiment_fine_tunes_each_adaptive_encoder_at_its_own_eta():
+    from fedpriv.report.grid import read_experiment
+
+    exp = read_experiment("experiments/local-privacy.toml")
+    by = {s.name: s.config for s in exp.runs}
+    adaptive = {n: c for n, c in by.items() if n.startswith("adaptive-")}
+    assert {(c.task.options["mlm_target"], c.task.options["privatize_eta"]) for c in adaptive.values()} == {
+        (t, e) for t in ("vanilla", "prob", "denoising") for e in (30, 50, 80)
+    }
+    assert all(c.task.options["pretrained"] == "run:bert-public" for c in adaptive.values())
+    assert by["bert-continued"].task.options["freeze_token_embedding"] is True
+    for name, c in by.items():
+        if name.startswith("ner-eta"):
+            eta, encoder = c.task.options["privatize_eta"], c.task.options["pretrained"][len("run:"):]
+            assert name.startswith(f"ner-eta{eta}-") and (encoder in ("bert-public", "bert-continued") or by[encoder].task.options["privatize_eta"] == eta)
+    assert {m.name for m in exp.measures} == {"nwp-words", "bert-pieces"}

@@ -152,7 +152,7 @@ def encoder_rows(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
             "mlm_accuracy": s.get("eval_accuracy"),
             "mlm_eval": dataset_label(s["eval_source"]) if s.get("eval_source") else f"held-out users of {dataset_label(s.get('data_source', '?'))}",
             "exposure_mean_bits": audit.get("exposure_mean"),
-            "f1": {dataset_label(t.get("eval_source") or t.get("data_source", "?")): t.get("eval_f1") for t in tuned},
+            "f1": _f1_by_dataset(tuned),
         })
     return rows
 
@@ -165,6 +165,23 @@ def _eps(status: Mapping[str, Any]) -> str:
 
 def _pct(v: Any) -> str:
     return "-" if v is None else f"{100 * float(v):.1f}"
+
+
+def _f1_by_dataset(tuned: list[Mapping[str, Any]]) -> dict[str, list[tuple[str, Any]]]:
+    """Evaluation dataset -> [(fine-tuning run, entity F1), ...] in run order."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for t in tuned:
+        out.setdefault(dataset_label(t.get("eval_source") or t.get("data_source", "?")), []).append((t["name"], t.get("eval_f1")))
+    return out
+
+
+def _f1_cell(runs: list[tuple[str, Any]] | None) -> str:
+    """One fine-tuning: its F1; several on the same data: each F1 with its run's name."""
+    if not runs:
+        return "-"
+    if len(runs) == 1:
+        return _pct(runs[0][1])
+    return "; ".join(f"{_pct(f1)} ({name})" for name, f1 in runs)
 
 
 def chains_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
@@ -182,7 +199,7 @@ def chains_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
         cells = [r["encoder"], r["vocabulary"], str(r["vocab_size"]), f"{r['pieces_per_word']:.2f}" if r["pieces_per_word"] else "-",
                  *[_eps(r["composed"][p]) for p in private], f"{_pct(r['mlm_accuracy'])} {r['mlm_eval']}",
                  "-" if r["exposure_mean_bits"] is None else f"{r['exposure_mean_bits']:.2f} of {math.log2(r['vocab_size']):.2f}",
-                 *[_pct(r["f1"].get(d)) for d in datasets]]
+                 *[_f1_cell(r["f1"].get(d)) for d in datasets]]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "MLM accuracy is on each encoder's own evaluation data (named), so it compares encoders "
               "evaluated on the same data and vocabulary only. Exposure is the masked-LM secret sharer's mean over the "

@@ -183,10 +183,11 @@ def measurement_lines(rec: Mapping[str, Any], plot: str | None = None) -> list[s
     space = f"{e['rows']:,} rows of dimension {e['dim']}, {e['allowed_outputs']:,} {unit}s may be output"
     if e.get("kind") == "fedpriv-bert-run":
         space += f" (WordPiece pieces of a {e.get('task')} run" + (", lowercased input" if e.get("lowercase") else "") + ")"
+    origin = "that run's final parameters" if c["embeddings"].startswith(RUN_REF) else e["source"]
     lines = [
         f"## {rec['name']}",
         "",
-        f"**Embedding space**: `{c['embeddings']}` ({e['source']}): {space}.",
+        f"**Embedding space**: `{c['embeddings']}` ({origin}): {space}.",
         "",
         f"**Plausible deniability**: {mech}, {d['trials']:,} perturbations of each of {d['tokens']:,} {unit}s "
         f"({'all allowed' if c['sample'] == 'all' else 'a random sample of the allowed ones'}; seed {c['seed']}).",

@@ -34,13 +34,14 @@ from fedpriv.errors import FedprivError
 from fedpriv.models.bert import BertConfig, BertTokenClassifier, transfer_encoder
 from fedpriv.models.capture import apply_model
 from fedpriv.tasks.base import Batch, Params, Task
+from fedpriv.tasks.local_inputs import UserSide
 from fedpriv.tasks.mlm import DROPOUT_STREAM, PieceVocab, example_keys, resolve_config, row_seed
 from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums
 
 IGNORE = -1
 
 
-class BertNERTask(Task):
+class BertNERTask(UserSide, Task):
     """BERT token classification for NER (see the module docstring)."""
 
     name = "bert_ner"
@@ -56,6 +57,7 @@ class BertNERTask(Task):
         pretrained: Params | None = None,
         privatize_eta: float | None = None,
         privatize_seed: int = 0,
+        freeze_token_embedding: bool = False,
     ):
         """``pretrained``: MLM parameters (or an encoder subtree) that :meth:`init_params` starts
         the encoder from by default (so a trainer calling ``init_params(rng)`` fine-tunes them).
@@ -64,7 +66,9 @@ class BertNERTask(Task):
         with ``privatize_eta`` every example's pieces, training and evaluation alike, are
         M_txt-privatized once (key ``privatize_seed`` and the example's content) in the frozen token
         embedding of ``pretrained`` (which must be given); the tags stay (the paper assumes labels
-        are available). Words keep their positions: M_txt maps a piece to one piece."""
+        are available). Words keep their positions: M_txt maps a piece to one piece.
+        ``freeze_token_embedding`` keeps the pretrained token embedding fixed without privatizing
+        (the control of that constraint alone); ``privatize_eta`` implies it."""
         tags = list(tags)
         if not tags or tags[0] != "O" or len(set(tags)) != len(tags):
             raise FedprivError("the NER tag set must be distinct tags starting with 'O'")
@@ -76,12 +80,7 @@ class BertNERTask(Task):
         self.model = BertTokenClassifier(self.cfg, len(self.tags))
         self._init = jax.jit(self.model.init)  # one program: much faster than op-by-op initialization
         self.tables = chunk_tables(self.tags)
-        if privatize_eta is not None:
-            from fedpriv.privacy.local.mechanisms import check_eta
-
-            privatize_eta = check_eta(privatize_eta)
-        self.privatize_eta, self.privatize_seed = privatize_eta, int(privatize_seed)
-        self._local: Any = None
+        self.init_user_side(privatize_eta, privatize_seed, freeze_token_embedding)
         self.pretrained = pretrained
         self.pretrained_from: Any = None  # where ``pretrained`` came from (a run directory), for reports
         self.vocabulary_record: dict | None = None  # where the vocabulary came from (saved in tokenizer.json)
@@ -120,20 +119,6 @@ class BertNERTask(Task):
         save_tokenizer(self, run_dir)
         if self.local is not None:
             self.local.save_record(run_dir, self.pretrained_from, "once per example (training and evaluation), key privatize_seed and the example's content")
-
-    @property
-    def local(self):
-        """The user-side privatization (:class:`fedpriv.tasks.local_inputs.LocalInputs`) or None."""
-        if self._local is None and self.privatize_eta is not None:
-            from fedpriv.tasks.local_inputs import build_local_inputs
-
-            self._local = build_local_inputs(self)
-        return self._local
-
-    @property
-    def fast_clipping_unsupported(self) -> str | None:
-        """Why ghost-norm clipping must not be used (None: it may): a frozen table still records norms."""
-        return "the user-side token embedding is frozen (privatize_eta)" if self.privatize_eta is not None else None
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len
@@ -186,8 +171,9 @@ class BertNERTask(Task):
         train = bool(train) and self.cfg.dropout > 0 and rng is not None
         drop = example_keys(rng, jnp.asarray(batch["seed"]), DROPOUT_STREAM) if train else None
         ids, local = batch["ids"], self.local
-        if local is not None:  # privacy-constrained: frozen table, inputs privatized once per example
-            params, ids = local.user_side(params), local.fixed(ids, batch["seed"])
+        params = self.user_side(params)  # the frozen user-side table, if any
+        if local is not None:  # privacy-constrained: inputs privatized once per example
+            ids = local.fixed(ids, batch["seed"])
         return apply_model(self.model, params, ids, batch["length"], train=train, dropout_keys=drop)
 
     def _piece_nll(self, logits: jax.Array, labels: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -82,10 +82,6 @@ class LocalInputs:
         self.ordinary = np.zeros(tab.shape[0], bool)
         self.ordinary[self.allowed] = True
 
-    def user_side(self, params: Any) -> Any:
-        """``params`` with the encoder's token embedding replaced by the frozen table (a constant)."""
-        return with_token_table(params, self.table)
-
     def _apply(self, keys: jax.Array, ids: jax.Array) -> jax.Array:
         """``ids`` of any shape with one key per element: ordinary pieces privatized, others kept."""
         flat = ids.reshape(-1)
@@ -135,11 +131,46 @@ class LocalInputs:
         return write_json_atomic(Path(run_dir) / PRIVATIZE_FILE, record, indent=1)
 
 
-def build_local_inputs(task: Any) -> LocalInputs | None:
-    """The task's :class:`LocalInputs` (None without ``privatize_eta``); the table comes from the
-    pretrained parameters, which the task must have by now."""
-    if task.privatize_eta is None:
-        return None
-    if task.pretrained is None:
-        raise FedprivError("privatize_eta needs task.options.pretrained: the user-side embedding table comes from the pretrained run")
-    return LocalInputs(token_table(task.pretrained), task.vocab.pool, task.privatize_eta, task.privatize_seed)
+class UserSide:
+    """What the BERT tasks share for a user-side token embedding: ``privatize_eta`` /
+    ``privatize_seed`` (:class:`LocalInputs`, built from ``self.pretrained`` on first use) and
+    freezing the table (implied by privatization; ``freeze_token_embedding`` alone is the control
+    without privatization). The task has ``pretrained`` and ``vocab`` (a PieceVocab)."""
+
+    privatize_eta: float | None = None
+    privatize_seed: int = 0
+    freeze_token_embedding: bool = False
+    _local: LocalInputs | None = None
+    _frozen_table: np.ndarray | None = None
+
+    def init_user_side(self, privatize_eta: float | None, privatize_seed: int, freeze_token_embedding: bool) -> None:
+        """Check and keep the options (eta > 0: before any training)."""
+        self.privatize_eta = None if privatize_eta is None else check_eta(privatize_eta)
+        self.privatize_seed = int(privatize_seed)
+        self.freeze_token_embedding = bool(freeze_token_embedding) or privatize_eta is not None
+        self._local, self._frozen_table = None, None
+
+    def _pretrained_table(self, option: str) -> np.ndarray:
+        if getattr(self, "pretrained", None) is None:
+            raise FedprivError(f"{option} needs task.options.pretrained: the user-side embedding table comes from the pretrained run")
+        return token_table(self.pretrained)
+
+    @property
+    def local(self) -> LocalInputs | None:
+        """The user-side privatization, or None without ``privatize_eta``."""
+        if self._local is None and self.privatize_eta is not None:
+            self._local = LocalInputs(self._pretrained_table("privatize_eta"), self.vocab.pool, self.privatize_eta, self.privatize_seed)
+        return self._local
+
+    def user_side(self, params: Any) -> Any:
+        """``params`` with the frozen token table in place (unchanged when nothing is frozen)."""
+        if not self.freeze_token_embedding:
+            return params
+        if self._frozen_table is None:
+            self._frozen_table = self._pretrained_table("freeze_token_embedding")
+        return with_token_table(params, self._frozen_table)
+
+    @property
+    def fast_clipping_unsupported(self) -> str | None:
+        """Why ghost-norm clipping must not be used (None: it may): a frozen table still records norms."""
+        return "the token embedding is frozen (privatize_eta or freeze_token_embedding)" if self.freeze_token_embedding else None

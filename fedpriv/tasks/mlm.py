@@ -52,6 +52,7 @@ from fedpriv.errors import FedprivError
 from fedpriv.models.bert import PRESETS, BertConfig, BertMLM
 from fedpriv.models.capture import apply_model
 from fedpriv.tasks.base import Batch, Params, Task
+from fedpriv.tasks.local_inputs import UserSide
 
 PAD, UNK, CLS, SEP, MASK = "[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"
 _UNUSED = re.compile(r"^\[unused\d+\]$")
@@ -161,7 +162,7 @@ def resolve_config(model: str | BertConfig, vocab_size: int, max_len: int, dropo
     return cfg
 
 
-class MLMTask(Task):
+class MLMTask(UserSide, Task):
     """BERT masked-LM pretraining (see the module docstring)."""
 
     name = "mlm"
@@ -221,20 +222,15 @@ class MLMTask(Task):
         if privatize_eta is None and (mlm_target is not None or target_draws != 10):
             raise FedprivError("mlm_target and target_draws apply to privacy-adaptive pretraining: give privatize_eta too")
         if privatize_eta is not None:
-            from fedpriv.privacy.local.mechanisms import check_eta
             from fedpriv.tasks.local_inputs import MLM_TARGETS
 
-            privatize_eta = check_eta(privatize_eta)
             mlm_target = mlm_target or "vanilla"
             if mlm_target not in MLM_TARGETS:
                 raise FedprivError(f"mlm_target must be one of {', '.join(MLM_TARGETS)}, got {mlm_target!r}")
             if int(target_draws) < 1:
                 raise FedprivError(f"target_draws must be >= 1, got {target_draws}")
-        self.privatize_eta, self.privatize_seed = privatize_eta, int(privatize_seed)
+        self.init_user_side(privatize_eta, privatize_seed, freeze_token_embedding)
         self.mlm_target, self.target_draws = mlm_target, int(target_draws)
-        self._local: Any = None
-        self.freeze_token_embedding = bool(freeze_token_embedding) or privatize_eta is not None
-        self._frozen_table: Any = None
         self.pretrained = pretrained
         self.pretrained_from: Any = None  # where ``pretrained`` came from (a run directory), for reports
         self.vocabulary_record: dict | None = None  # where the vocabulary came from (saved in tokenizer.json)
@@ -249,30 +245,6 @@ class MLMTask(Task):
             draws = "fresh at every step (public pretraining text); evaluation draws from the fixed eval key"
             extra = {"mlm_target": self.mlm_target, **({"target_draws": self.target_draws} if self.mlm_target == "prob" else {})}
             self.local.save_record(run_dir, self.pretrained_from, draws, **extra)
-
-    @property
-    def local(self):
-        """The user-side privatization (:class:`fedpriv.tasks.local_inputs.LocalInputs`) or None."""
-        if self._local is None and self.privatize_eta is not None:
-            from fedpriv.tasks.local_inputs import build_local_inputs
-
-            self._local = build_local_inputs(self)
-        return self._local
-
-    def frozen_table(self):
-        """The pretrained token embedding that stays fixed (None unless frozen)."""
-        if self._frozen_table is None and self.freeze_token_embedding:
-            from fedpriv.tasks.local_inputs import token_table
-
-            if self.pretrained is None:
-                raise FedprivError("freeze_token_embedding needs task.options.pretrained (the table to keep fixed)")
-            self._frozen_table = token_table(self.pretrained)
-        return self._frozen_table
-
-    @property
-    def fast_clipping_unsupported(self) -> str | None:
-        """Why ghost-norm clipping must not be used (None: it may): a frozen table still records norms."""
-        return "the token embedding is frozen (privatize_eta or freeze_token_embedding)" if self.freeze_token_embedding else None
 
     # ---- batching ---------------------------------------------------------------------------
     def init_params(self, rng: jax.Array) -> Params:
@@ -334,10 +306,7 @@ class MLMTask(Task):
         """(logits, per-slot nll (B, P), masking) with ``targets`` the hard targets (for accuracy)."""
         local = self.local
         seeds = jnp.asarray(batch["seed"])
-        if self.freeze_token_embedding:
-            from fedpriv.tasks.local_inputs import with_token_table
-
-            params = with_token_table(params, self.frozen_table())
+        params = self.user_side(params)
         if local is not None:  # privacy-adaptive: privatized inputs, then masking
             from fedpriv.tasks.local_inputs import INPUT_STREAM, SET_STREAM
 
