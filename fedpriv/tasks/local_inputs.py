@@ -9,7 +9,7 @@ The guarantee is eta·d_chi per piece, d the Euclidean distance between the piec
 that table; for an example, the sum of those distances over its positions.
 
 The table is the token embedding of the pretrained run the task starts from, and it is FROZEN:
-:meth:`LocalInputs.user_side` puts the constant table in place of the parameter, so no trainer
+:meth:`UserSide.user_side` puts the constant table in place of the parameter, so no trainer
 (DP-SGD, FedAvg, DP-FedAvg) can change it; the parameter leaf still exists in the tree but is
 never read (its gradient is exactly 0; DP noise added to it changes nothing). A table that
 training could move would change what eta means (Qu et al. sec. 3.4 observed it drifting towards
