@@ -46,7 +46,7 @@ SOURCES = {
 }
 
 
-def experiment(corpus: str, clients: int, rounds: int, model: str) -> dict:
+def experiment(corpus: str, clients: int, rounds: int, model: str, supernodes: int, client_cpus: float) -> dict:
     return {
         "name": f"bench-{corpus}",
         "seed": 0,
@@ -55,8 +55,8 @@ def experiment(corpus: str, clients: int, rounds: int, model: str) -> dict:
         "task": {"kind": "nwp", "model": model},
         "federated": {
             "strategy": "fedavg", "rounds": rounds, "clients_per_round": clients, "local_epochs": 1,
-            "local_batch_size": 16, "client_learning_rate": 0.3, "eval_every": 10_000, "num_supernodes": 4,
-            "chunk_size": 128,
+            "local_batch_size": 16, "client_learning_rate": 0.3, "eval_every": 10_000, "num_supernodes": supernodes,
+            "client_num_cpus": client_cpus, "chunk_size": 128,
         },
     }
 
@@ -83,13 +83,13 @@ def round_seconds(run_dir: Path) -> list[float]:
     return [r["round_seconds"] for r in rows if r.get("split") == "train"]
 
 
-def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path) -> dict:
+def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, supernodes: int, client_cpus: float) -> dict:
     from fedpriv.engines.flower_sim import run_flower_simulation
     from fedpriv.engines.vectorized import run_vectorized
 
-    cfg = validate_config(experiment(corpus, clients, rounds, model))
+    cfg = validate_config(experiment(corpus, clients, rounds, model, supernodes, client_cpus))
     cfg_path = workdir / f"{corpus}.toml"
-    cfg_path.write_text(_toml(experiment(corpus, clients, rounds, model)))
+    cfg_path.write_text(_toml(experiment(corpus, clients, rounds, model, supernodes, client_cpus)))
     prepared = prepare(cfg)
     setup = FederatedSetup(prepared)
     isolated = statistics.mean(isolated_client_seconds(setup, r) for r in range(2, rounds + 1))
@@ -128,6 +128,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--model", default="small")
+    ap.add_argument("--supernodes", type=int, default=0, help="Flower: virtual SuperNodes (default: --clients)")
+    ap.add_argument("--client-cpus", type=float, default=1.0, help="Flower: CPUs per ClientApp actor")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.rounds < 2:
@@ -135,7 +137,7 @@ def main() -> None:
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     corpora = ["shakespeare", "synthetic"] if args.corpus == "both" else [args.corpus]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [bench(c, args.clients, args.rounds, args.model, Path(tmp)) for c in corpora]
+        rows = [bench(c, args.clients, args.rounds, args.model, Path(tmp), args.supernodes or args.clients, args.client_cpus) for c in corpora]
     if args.json:
         print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "results": rows}, indent=1))
         return

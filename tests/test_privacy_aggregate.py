@@ -327,3 +327,23 @@ def test_checks_accept_and_return_floats_and_custom_names():
     with pytest.raises(PrivacyParameterError, match=r"^dp\.clip_norm must"):
         check_clip_norm(-1, name="dp.clip_norm")
     assert issubclass(PrivacyParameterError, FedprivError)
+
+
+def test_a_sum_fed_in_chunks_through_initial_equals_the_sum_fed_at_once():
+    # ``initial`` carries a running total: chunk after chunk adds the units in the same order as
+    # one call over all units, so the floats are identical (the engines rely on it), and the
+    # masked unit (non-finite) still adds nothing.
+    tree = {k: np.asarray(v, np.float32) for k, v in random_tree(9, 21, np.linspace(0.3, 5.0, 9)).items()}
+    tree["b"][4] = np.inf
+    mask = np.array([1, 1, 1, 1, 0, 1, 1, 1, 1], np.float32)
+    whole, whole_norms = clipped_sum(tree, C, mask)
+    total = None
+    norms = []
+    for lo, hi in [(0, 2), (2, 7), (7, 9)]:
+        total, n = clipped_sum({k: v[lo:hi] for k, v in tree.items()}, C, mask[lo:hi], initial=total)
+        norms.append(np.asarray(n))
+    ref = np_clipped_sum({k: v.astype(np.float64) for k, v in tree.items()}, C, mask)
+    for k in tree:
+        np.testing.assert_array_equal(np.asarray(total[k]), np.asarray(whole[k]))
+        np.testing.assert_allclose(np.asarray(total[k]), ref[k], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(np.concatenate(norms), np.asarray(whole_norms))

@@ -78,15 +78,11 @@ def make_server_optimizer(fcfg: FederatedConfig) -> optax.GradientTransformation
     return optax.adam(fcfg.server_learning_rate)
 
 
-def _tree_add(a, b):
-    return jax.tree_util.tree_map(jnp.add, a, b)
-
-
 @jax.jit
 def _accumulate(total, deltas, weights, clip):
-    """total + sum_i weights_i * clip_S(delta_i); weight 0 = padding. Also the unclipped norms."""
-    summed, norms = clipped_sum(deltas, clip, weights)
-    return _tree_add(total, summed), norms
+    """total + sum_i weights_i * clip_S(delta_i), added in order; weight 0 = padding. Also the
+    unclipped norms."""
+    return clipped_sum(deltas, clip, weights, initial=total)
 
 
 class DeltaAccumulator:

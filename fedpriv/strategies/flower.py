@@ -4,7 +4,7 @@ Nodes are workers, users are clients: ``configure_train`` samples the round's co
 from the whole population with :class:`~fedpriv.strategies.core.CohortSampler` and sends one
 message per sampled user (``config["user"]``, ``config["round"]``) to the connected SuperNodes in
 turn; any node can train any user (in simulation every ClientApp loads the same corpus).
-``aggregate_train`` feeds the replies, in user order and a chunk at a time, into the same
+``aggregate_train`` feeds the replies, in user order and one at a time, into the same
 :class:`~fedpriv.strategies.core.ServerCore` the vectorized engine uses, applies the server
 optimizer and returns the new global model.
 
@@ -39,8 +39,9 @@ def params_to_record(params: Any) -> ArrayRecord:
     return ArrayRecord(numpy_ndarrays=[np.asarray(x) for x in jax.tree_util.tree_leaves(params)])
 
 
-def record_to_params(record: ArrayRecord, template: Any) -> Any:
-    """Inverse of :func:`params_to_record` for a pytree shaped like ``template``."""
+def record_to_arrays(record: ArrayRecord, template: Any) -> Any:
+    """Inverse of :func:`params_to_record` for a pytree shaped like ``template``, as NumPy arrays
+    (shapes checked against the template)."""
     leaves, treedef = jax.tree_util.tree_flatten(template)
     arrays = record.to_numpy_ndarrays()
     if len(arrays) != len(leaves):
@@ -48,7 +49,12 @@ def record_to_params(record: ArrayRecord, template: Any) -> Any:
     for a, t in zip(arrays, leaves):
         if a.shape != t.shape:
             raise FedprivError(f"received an array of shape {a.shape} where the model has {t.shape}")
-    return jax.tree_util.tree_unflatten(treedef, [jnp.asarray(a) for a in arrays])
+    return jax.tree_util.tree_unflatten(treedef, arrays)
+
+
+def record_to_params(record: ArrayRecord, template: Any) -> Any:
+    """:func:`record_to_arrays` as JAX arrays."""
+    return jax.tree_util.tree_map(jnp.asarray, record_to_arrays(record, template))
 
 
 class FedprivStrategy(Strategy):
@@ -94,18 +100,15 @@ class FedprivStrategy(Strategy):
             self.log(f"round {server_round}: {failed} of {sent} client updates failed or timed out and are left out")
         good.sort(key=lambda m: int(m.content[METRICS]["user"]))
         acc = self.core.accumulator(self.state)
-        chunk = self.setup.fcfg.chunk_size
         template = self.state["params"]
         loss_sum, steps, examples = 0.0, 0, 0
-        for start in range(0, len(good), chunk):
-            part = good[start : start + chunk]
-            deltas = [record_to_params(m.content[ARRAYS], template) for m in part]
-            stacked = jax.tree_util.tree_map(lambda *xs: jnp.stack(xs), *deltas)
-            counts = np.array([int(m.content[METRICS]["num-examples"]) for m in part])
-            acc.add(stacked, counts)
-            loss_sum += sum(float(m.content[METRICS]["loss-sum"]) for m in part)
-            steps += sum(int(m.content[METRICS]["local-steps"]) for m in part)
-            examples += int(counts.sum())
+        for m in good:  # one delta at a time, in user order (stacking 100 deltas cost more than adding them)
+            delta = jax.tree_util.tree_map(lambda a: a[None], record_to_arrays(m.content[ARRAYS], template))
+            count = int(m.content[METRICS]["num-examples"])
+            acc.add(delta, np.array([count]))
+            loss_sum += float(m.content[METRICS]["loss-sum"])
+            steps += int(m.content[METRICS]["local-steps"])
+            examples += count
         self.state, info = self.core.finish_round(self.state, server_round, acc)
         self.last_info = {**client_loss_info(loss_sum, steps, examples), **info, "failed": failed}
         metrics = {k: float(v) for k, v in self.last_info.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
