@@ -1,17 +1,24 @@
 """Federated engines side by side: client updates per second and overhead, Flower vs vectorized.
 
     .venv/bin/python benchmarks/federated_engines.py [--corpus shakespeare|synthetic|both]
-        [--clients 100] [--rounds 3] [--model small] [--json]
+        [--clients 100] [--rounds 5] [--model small] [--users-per-message 1,10]
+        [--supernodes 4] [--client-cpus 1] [--json]
 
 For each corpus, one NWP experiment (FedAvg, ``--clients`` users per round, one local epoch of
-batch 16 over at most 32 examples per user: small clients) is run by BOTH engines in this one
-process, same seed, same cohorts:
+batch 16 over at most 32 examples per user: small clients) is run by the vectorized engine and
+by the Flower engine (once per ``--users-per-message`` value) in this one process, same seed,
+same cohorts:
 
 * client updates/s = cohort size / round wall time, over rounds 2.. (round 1 compiles);
 * overhead = round wall time / sum of the cohort's isolated client compute times, where a
-  client's isolated time is the jitted single-client update (as the ClientApp runs it) timed
-  alone after warm-up, with its inputs already on the host;
+  client's isolated time is the jitted single-client update timed alone after warm-up, with its
+  inputs already on the host;
 * the ratio vectorized / Flower of client updates per second.
+
+Flower's per-message cost (its simulation runtime's queues and polling, a Ray actor call each
+way, the model serialized both ways) is paid once per message: ``users_per_message`` users in
+one message pay it once together. Flower's simulation runtime hands each virtual SuperNode at
+most one message per 0.1 s, so ``--supernodes`` N caps a round at 10 N messages per second.
 
 The synthetic corpus is Stack-Overflow-shaped (the preset's lognormal user sizes and vocabulary
 statistics) with 3,000 users. The machine is shared; compare ratios from one run, not absolute
@@ -46,7 +53,7 @@ SOURCES = {
 }
 
 
-def experiment(corpus: str, clients: int, rounds: int, model: str, supernodes: int, client_cpus: float) -> dict:
+def experiment(corpus: str, clients: int, rounds: int, model: str, supernodes: int, client_cpus: float, users_per_message: int = 1) -> dict:
     return {
         "name": f"bench-{corpus}",
         "seed": 0,
@@ -56,7 +63,7 @@ def experiment(corpus: str, clients: int, rounds: int, model: str, supernodes: i
         "federated": {
             "strategy": "fedavg", "rounds": rounds, "clients_per_round": clients, "local_epochs": 1,
             "local_batch_size": 16, "client_learning_rate": 0.3, "eval_every": 10_000, "num_supernodes": supernodes,
-            "client_num_cpus": client_cpus, "chunk_size": 128,
+            "client_num_cpus": client_cpus, "users_per_message": users_per_message, "chunk_size": 128,
         },
     }
 
@@ -83,35 +90,43 @@ def round_seconds(run_dir: Path) -> list[float]:
     return [r["round_seconds"] for r in rows if r.get("split") == "train"]
 
 
-def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, supernodes: int, client_cpus: float) -> dict:
+def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, supernodes: int, client_cpus: float, groups: list[int]) -> dict:
     from fedpriv.engines.flower_sim import run_flower_simulation
     from fedpriv.engines.vectorized import run_vectorized
 
-    cfg = validate_config(experiment(corpus, clients, rounds, model, supernodes, client_cpus))
-    cfg_path = workdir / f"{corpus}.toml"
-    cfg_path.write_text(_toml(experiment(corpus, clients, rounds, model, supernodes, client_cpus)))
-    prepared = prepare(cfg)
+    def exp(k: int = 1) -> dict:
+        return experiment(corpus, clients, rounds, model, supernodes, client_cpus, k)
+
+    prepared = prepare(validate_config(exp()))
     setup = FederatedSetup(prepared)
     isolated = statistics.mean(isolated_client_seconds(setup, r) for r in range(2, rounds + 1))
     run_vectorized(prepared, workdir / f"{corpus}-vec")
     vec = statistics.mean(round_seconds(workdir / f"{corpus}-vec")[1:])
-    run_flower_simulation(cfg_path, workdir / f"{corpus}-flower")
-    flw = statistics.mean(round_seconds(workdir / f"{corpus}-flower")[1:])
     m = setup.core.m
-    return {
+    row = {
         "corpus": corpus,
         "users": setup.data.num_users,
         "clients_per_round": m,
         "model": model,
         "isolated_client_seconds_per_round": isolated,
         "vectorized_round_seconds": vec,
-        "flower_round_seconds": flw,
         "vectorized_updates_per_s": m / vec,
-        "flower_updates_per_s": m / flw,
-        "vectorized_over_flower": flw / vec,
-        "flower_overhead": flw / isolated,
         "vectorized_overhead": vec / isolated,
+        "flower": [],
     }
+    for k in groups:
+        cfg_path = workdir / f"{corpus}-{k}.toml"
+        cfg_path.write_text(_toml(exp(k)))
+        run_flower_simulation(cfg_path, workdir / f"{corpus}-flower-{k}")
+        flw = statistics.mean(round_seconds(workdir / f"{corpus}-flower-{k}")[1:])
+        row["flower"].append({
+            "users_per_message": k,
+            "round_seconds": flw,
+            "updates_per_s": m / flw,
+            "overhead": flw / isolated,
+            "vectorized_over_flower": flw / vec,
+        })
+    return row
 
 
 def _toml(d: dict, prefix: str = "") -> str:
@@ -126,29 +141,35 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", choices=["shakespeare", "synthetic", "both"], default="both")
     ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--model", default="small")
-    ap.add_argument("--supernodes", type=int, default=0, help="Flower: virtual SuperNodes (default: --clients)")
+    ap.add_argument("--supernodes", type=int, default=4, help="Flower: virtual SuperNodes (Flower's simulation runtime hands each at most one message per 0.1 s)")
+    ap.add_argument("--users-per-message", default="1,10", help="Flower: comma-separated federated.users_per_message values, one Flower run each")
     ap.add_argument("--client-cpus", type=float, default=1.0, help="Flower: CPUs per ClientApp actor")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be >= 2 (round 1 compiles and is not timed)")
+    groups = [int(k) for k in args.users_per_message.split(",")]
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     corpora = ["shakespeare", "synthetic"] if args.corpus == "both" else [args.corpus]
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [bench(c, args.clients, args.rounds, args.model, Path(tmp), args.supernodes or args.clients, args.client_cpus) for c in corpora]
+        rows = [bench(c, args.clients, args.rounds, args.model, Path(tmp), args.supernodes, args.client_cpus, groups) for c in corpora]
     if args.json:
         print(json.dumps({"machine": platform.processor() or platform.machine(), "cpus": os.cpu_count(), "results": rows}, indent=1))
         return
-    print(f"NWP {args.model}, FedAvg, {args.clients} clients/round, rounds 2..{args.rounds} timed, {os.cpu_count()} CPUs")
+    print(f"NWP {args.model}, FedAvg, {args.clients} clients/round, rounds 2..{args.rounds} timed, {os.cpu_count()} CPUs, "
+          f"Flower: {args.supernodes} SuperNodes, {args.client_cpus:g} CPU per ClientApp actor")
     for r in rows:
         print(
             f"{r['corpus']:>11}: {r['users']} users | isolated client compute {r['isolated_client_seconds_per_round']:.2f} s/round | "
-            f"vectorized {r['vectorized_updates_per_s']:.1f} updates/s (overhead {r['vectorized_overhead']:.2f}x) | "
-            f"flower {r['flower_updates_per_s']:.1f} updates/s (overhead {r['flower_overhead']:.2f}x) | "
-            f"vectorized/flower {r['vectorized_over_flower']:.1f}x"
+            f"vectorized {r['vectorized_updates_per_s']:.1f} updates/s (overhead {r['vectorized_overhead']:.2f}x)"
         )
+        for f in r["flower"]:
+            print(
+                f"{'':>13}flower, {f['users_per_message']:>3} users/message: {f['updates_per_s']:.1f} updates/s (overhead {f['overhead']:.2f}x) | "
+                f"vectorized/flower {f['vectorized_over_flower']:.1f}x"
+            )
 
 
 if __name__ == "__main__":

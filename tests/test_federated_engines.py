@@ -16,11 +16,13 @@ import pytest
 from fedpriv.clients.data import ClientData, next_power_of_two
 from fedpriv.clients.update import client_key, make_client_update
 from fedpriv.config import load_config
+from fedpriv.engines.cohort import CohortUpdate, client_keys
 from fedpriv.engines.rounds import FederatedSetup, describe_round
 from fedpriv.engines.run import run_federated
-from fedpriv.engines.vectorized import VectorizedEngine, client_keys, run_vectorized
-from fedpriv.errors import ConfigError
+from fedpriv.engines.vectorized import VectorizedEngine, run_vectorized
+from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.pipeline import prepare
+from fedpriv.strategies.flower import check_reply_users, params_to_record, record_to_arrays
 
 TINY = """
 name = "{name}"
@@ -118,6 +120,50 @@ def test_client_update_is_local_sgd_and_padding_steps_are_no_ops(tiny_setup):
     assert leaves_max_diff(delta, delta2) == 0.0 and float(loss2) == float(loss_sum)
 
 
+def test_stacked_deltas_in_a_record_round_trip_and_wrong_shapes_are_refused(tiny_setup):
+    params = tiny_setup.initial_params()
+    stacked = jax.tree_util.tree_map(lambda p: np.stack([np.asarray(p), 2 * np.asarray(p), -np.asarray(p)]), params)
+    back = record_to_arrays(params_to_record(stacked), params, 3)
+    assert leaves_max_diff(back, stacked) == 0.0
+    with pytest.raises(FedprivError, match=r"where \(2, "):
+        record_to_arrays(params_to_record(stacked), params, 2)
+    with pytest.raises(FedprivError, match="where"):
+        record_to_arrays(params_to_record(stacked), params)  # one user's delta expected
+
+
+def test_a_reply_adds_at_most_one_delta_per_sampled_user():
+    seen: set[int] = set()
+    check_reply_users(2, [1, 4], 2, {1, 4, 9}, seen)
+    assert seen == {1, 4}
+    with pytest.raises(FedprivError, match="not sampled"):
+        check_reply_users(2, [9, 12], 2, {1, 4, 9}, set())
+    with pytest.raises(FedprivError, match="twice"):
+        check_reply_users(2, [4, 9], 2, {1, 4, 9}, seen)
+    with pytest.raises(FedprivError, match="one per distinct user"):
+        check_reply_users(2, [9, 9], 2, {1, 4, 9}, set())
+    with pytest.raises(FedprivError, match="one per distinct user"):
+        check_reply_users(2, [9], 2, {1, 4, 9}, set())
+
+
+def test_a_group_of_users_gets_each_user_its_own_delta(tiny_setup):
+    # What a ClientApp computes for one message of several users, padded to a wider group, is
+    # each user's single-user update: grouping never mixes users.
+    cohort = CohortUpdate(tiny_setup)
+    params = tiny_setup.initial_params()
+    users = np.array([3, 0, 7])
+    group, mask, loss_sum, steps = cohort.deltas(params, users, 2, 4)
+    assert mask.tolist() == [1, 1, 1, 0]
+    total_loss, total_steps = 0.0, 0
+    for i, u in enumerate(users):
+        alone, _, loss, st = cohort.deltas(params, np.array([u]), 2, 1)
+        assert leaves_max_diff(jax.tree_util.tree_map(lambda d: d[i], group), jax.tree_util.tree_map(lambda d: d[0], alone)) <= 1e-6
+        total_loss, total_steps = total_loss + loss, total_steps + st
+    assert steps == total_steps and loss_sum == pytest.approx(total_loss, rel=1e-6)
+    assert leaves_max_diff(jax.tree_util.tree_map(lambda d: d[3], group), jax.tree_util.tree_map(np.zeros_like, params)) == 0.0
+    with pytest.raises(ValueError, match="does not fit"):
+        cohort.deltas(params, users, 2, 2)
+
+
 def test_batched_client_keys_equal_the_per_client_key():
     users = np.array([0, 5, 17, 260])
     keys = client_keys(9, 4, users)
@@ -189,7 +235,11 @@ def test_record_level_privacy_section_is_refused_for_federated_runs(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", ["", DP], ids=["fedavg", "dp-fedavg"])
+@pytest.mark.parametrize(
+    "extra",
+    ["", DP, DP + "\nusers_per_message = 4"],
+    ids=["fedavg", "dp-fedavg", "dp-fedavg-4-users-per-message"],  # 6 users: groups of 4 and 2 (padded)
+)
 def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra):
     cfg = write_config(tmp_path, extra=extra)
     vec = run_federated(cfg, tmp_path / "vec", engine="vectorized")

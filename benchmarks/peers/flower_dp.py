@@ -12,7 +12,6 @@ user (node ``partition-id`` = user), as Flower's own examples do.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from pathlib import Path
@@ -22,40 +21,9 @@ import numpy as np
 
 from fedpriv_side import ROOT  # noqa: F401  (puts the checkout on sys.path)
 
-from fedpriv.clients.data import next_power_of_two  # noqa: E402
-from fedpriv.clients.update import client_key  # noqa: E402
-
+from fedpriv.engines.flower_sim import single_threaded_scipy_blas  # noqa: E402
 
 ROUND_TIMEOUT_S = 900.0
-
-
-@contextlib.contextmanager
-def single_threaded_scipy_blas():
-    """Run Flower simulations with scipy's OpenBLAS (jaxlib's LAPACK on CPU: the QR of the LSTM's
-    orthogonal initializer) on one thread in this process.
-
-    Why: a Flower simulation starts Ray (which forks subprocesses) while its ServerApp thread runs.
-    OpenBLAS' fork handler stops its worker threads; a multi-threaded OpenBLAS call started by
-    another thread around that moment waits for them forever (seen here: the ServerApp thread
-    spinning in ``exec_blas_async_wait`` inside the orthogonal init's QR, no OpenBLAS worker thread
-    left in the process, the ClientApp actors idle). Only initialization uses LAPACK; no timed
-    work does.
-    """
-    import ctypes
-    import glob
-
-    import scipy
-
-    libs = glob.glob(os.path.join(os.path.dirname(scipy.__file__), "..", "scipy.libs", "libscipy_openblas*.so"))
-    lib = ctypes.CDLL(libs[0]) if libs else None
-    before = lib.scipy_openblas_get_num_threads() if lib else None
-    if lib:
-        lib.scipy_openblas_set_num_threads(1)
-    try:
-        yield
-    finally:
-        if lib:
-            lib.scipy_openblas_set_num_threads(before)
 
 
 def experiment(users: int, rounds: int, model: str, z: float, S: float, strategy: str = "dp-fedavg") -> dict:
@@ -101,10 +69,8 @@ def run_builtin(cfg_path: Path, users: int, rounds: int, z: float, S: float, ini
         user = int(context.node_config["partition-id"])
         round_ = int(msg.content["config"]["server-round"])
         params = record_to_params(msg.content["arrays"], rt.template)
-        plan = s.plan(user, round_)
-        batches, mask = s.data.batches(user, plan, next_power_of_two(len(plan)))
-        delta, _ = rt.update(params, batches, mask, client_key(s.seed, round_, user))
-        new = jax.tree_util.tree_map(lambda p, d: p + d, params, delta)
+        deltas, _mask, _loss, _steps = rt.cohort.deltas(params, np.array([user]), round_, 1)
+        new = jax.tree_util.tree_map(lambda p, d: p + d[0], params, deltas)
         return Message(RecordDict({"arrays": params_to_record(new), "metrics": MetricRecord({"num-examples": int(s.data.counts[user]), "dp-weight": 1.0})}), reply_to=msg)
 
     box: dict = {}
@@ -181,8 +147,7 @@ def bench(users: int, rounds: int, model: str, z: float, S: float, workdir: Path
     out["fedpriv_epsilon"] = res.summary.get("epsilon") if isinstance(res.summary, dict) else None
     log(f"[flower] fedpriv vectorized: {time.perf_counter() - t:.1f} s")
     t = time.perf_counter()
-    with single_threaded_scipy_blas():
-        run_flower_simulation(p, workdir / "dp-flower")
+    run_flower_simulation(p, workdir / "dp-flower")  # runs scipy's OpenBLAS on one thread itself
     out["fedpriv_flower_round_seconds"] = round_seconds(workdir / "dp-flower")
     log(f"[flower] fedpriv flower engine: {time.perf_counter() - t:.1f} s")
     t = time.perf_counter()

@@ -744,7 +744,7 @@ def page() -> str:
                   "multi-threaded at this size) spun forever in `exec_blas_async_wait` with no OpenBLAS worker thread left in the process "
                   "(OpenBLAS stops its workers around a fork), the ClientApp actors idle. The benchmark now builds the initial weights in "
                   "the main thread and runs the Flower simulations with scipy's OpenBLAS on one thread (`single_threaded_scipy_blas` in "
-                  "`flower_dp.py`; only initialization uses it, no timed work).", ""]
+                  "`fedpriv/engines/flower_sim.py`, which fedpriv's Flower engine now uses too; only initialization uses it, no timed work).", ""]
             vec = statistics.median(f["vectorized_round_seconds"][1:])
             fl = statistics.median(f["fedpriv_flower_round_seconds"][1:])
             bi = statistics.median(f["builtin_round_seconds"][1:])

@@ -9,8 +9,10 @@
 
 A ClientApp process (a Ray actor in simulation, a SuperNode's app process in deployment) loads
 the experiment, encodes the corpus and compiles the client update once, then reuses them for
-every message (cached by config path). The server samples users; each message names one user.
-The client update is :mod:`fedpriv.clients.update`, the aggregation
+every message (cached by config path). The server samples users; each message names
+``federated.users_per_message`` of them (1 by default), which the ClientApp trains one after
+another in one jitted call, :class:`fedpriv.engines.cohort.CohortUpdate`, the vectorized engine's
+call for a chunk. The client update is :mod:`fedpriv.clients.update`, the aggregation
 :mod:`fedpriv.strategies.core`: the same code as the vectorized engine.
 """
 
@@ -24,12 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from fedpriv.clients.data import next_power_of_two
-from fedpriv.clients.update import client_key, make_client_update
+from fedpriv.engines.cohort import CohortUpdate
 from fedpriv.engines.rounds import FederatedSetup, run_rounds
 from fedpriv.errors import ConfigError
 from fedpriv.pipeline import prepare
@@ -93,18 +95,20 @@ class _ClientRuntime:
         prepared = prepare(config_path)
         self.setup = FederatedSetup(prepared)
         self.template = self.setup.initial_params()
-        self.update = jax.jit(make_client_update(self.setup.task, self.setup.fcfg.client_learning_rate, self.setup.client_dp))
+        self.cohort = CohortUpdate(self.setup)
 
     def train(self, msg: Message) -> Message:
+        """The deltas of the message's users (``config["users"]``), stacked in that order."""
         s = self.setup
         cfg = msg.content[CONFIG]
-        user, round_ = int(cfg["user"]), int(cfg["round"])
+        users, round_ = np.asarray(cfg["users"], np.int64), int(cfg["round"])
         params = record_to_params(msg.content[ARRAYS], self.template)
-        plan = s.plan(user, round_)
-        batches, step_mask = s.data.batches(user, plan, next_power_of_two(len(plan)))
-        delta, loss_sum = self.update(params, batches, step_mask, client_key(s.seed, round_, user))
-        metrics = MetricRecord({"user": user, "num-examples": int(s.data.counts[user]), "loss-sum": float(loss_sum), "local-steps": len(plan)})
-        return Message(RecordDict({ARRAYS: params_to_record(delta), METRICS: metrics}), reply_to=msg)
+        # Width fixed by the config (the last group of a round is padded), so one program serves all.
+        width = max(s.fcfg.users_per_message, len(users))
+        deltas, _mask, loss_sum, steps = self.cohort.deltas(params, users, round_, width)
+        real = jax.tree_util.tree_map(lambda d: d[: len(users)], deltas)
+        metrics = MetricRecord({"users": users.tolist(), "num-examples": [int(s.data.counts[u]) for u in users], "loss-sum": loss_sum, "local-steps": steps})
+        return Message(RecordDict({ARRAYS: params_to_record(real), METRICS: metrics}), reply_to=msg)
 
 
 _RUNTIMES: dict[str, _ClientRuntime] = {}

@@ -1,15 +1,18 @@
 """FedAvg, FedAvg+Clip and DP-FedAvg as Flower strategies (``flwr.serverapp.strategy.Strategy``).
 
 Nodes are workers, users are clients: ``configure_train`` samples the round's cohort of USERS
-from the whole population with :class:`~fedpriv.strategies.core.CohortSampler` and sends one
-message per sampled user (``config["user"]``, ``config["round"]``) to the connected SuperNodes in
-turn; any node can train any user (in simulation every ClientApp loads the same corpus).
-``aggregate_train`` feeds the replies, in user order and one at a time, into the same
+from the whole population with :class:`~fedpriv.strategies.core.CohortSampler`, cuts it (sorted)
+into consecutive groups of ``federated.users_per_message`` users and sends one message per group
+(``config["users"]``, ``config["round"]``) to the connected SuperNodes in turn; any node can train
+any user (in simulation every ClientApp loads the same corpus). Each user is still trained alone
+from the global model and returns its own delta: a group only shares a message (the reply holds
+the group's deltas stacked, with per-user example counts). ``aggregate_train`` feeds the replies,
+in user order, into the same
 :class:`~fedpriv.strategies.core.ServerCore` the vectorized engine uses, applies the server
 optimizer and returns the new global model.
 
 Failed replies, and replies missing after ``federated.round_timeout_s`` (a SuperNode that died
-mid-round), are dropped and counted (``failed`` in the train row); the round completes with the remaining users. For DP-FedAvg this keeps the
+mid-round), are dropped and their users counted (``failed`` in the train row); the round completes with the remaining users. For DP-FedAvg this keeps the
 guarantee: the denominator stays the public m and a missing user only removes a clipped term.
 A round in which every reply failed raises :class:`~fedpriv.errors.FedprivError`.
 """
@@ -39,22 +42,38 @@ def params_to_record(params: Any) -> ArrayRecord:
     return ArrayRecord(numpy_ndarrays=[np.asarray(x) for x in jax.tree_util.tree_leaves(params)])
 
 
-def record_to_arrays(record: ArrayRecord, template: Any) -> Any:
-    """Inverse of :func:`params_to_record` for a pytree shaped like ``template``, as NumPy arrays
-    (shapes checked against the template)."""
+def record_to_arrays(record: ArrayRecord, template: Any, stacked: int | None = None) -> Any:
+    """Inverse of :func:`params_to_record` for a pytree shaped like ``template`` (or like
+    ``stacked`` copies of it stacked on a leading axis), as NumPy arrays; shapes are checked."""
     leaves, treedef = jax.tree_util.tree_flatten(template)
     arrays = record.to_numpy_ndarrays()
     if len(arrays) != len(leaves):
         raise FedprivError(f"received {len(arrays)} arrays, the model has {len(leaves)}")
+    lead = () if stacked is None else (stacked,)
     for a, t in zip(arrays, leaves):
-        if a.shape != t.shape:
-            raise FedprivError(f"received an array of shape {a.shape} where the model has {t.shape}")
+        if a.shape != lead + tuple(t.shape):
+            raise FedprivError(f"received an array of shape {a.shape} where {lead + tuple(t.shape)} was expected")
     return jax.tree_util.tree_unflatten(treedef, arrays)
 
 
 def record_to_params(record: ArrayRecord, template: Any) -> Any:
     """:func:`record_to_arrays` as JAX arrays."""
     return jax.tree_util.tree_map(jnp.asarray, record_to_arrays(record, template))
+
+
+def check_reply_users(server_round: int, users: list[int], deltas: int, cohort: set[int], seen: set[int]) -> None:
+    """Refuse a reply that does not hold exactly one delta for each of its users, or names a user
+    not sampled this round or already answered for: each sampled user must add at most one
+    clipped delta, which the sensitivity of DP-FedAvg's sum rests on. Adds the users to ``seen``."""
+    bad = [u for u in users if u not in cohort]
+    if deltas != len(users) or len(set(users)) != len(users):
+        raise FedprivError(f"round {server_round}: a reply holds {deltas} example counts for users {users}; one per distinct user expected")
+    if bad:
+        raise FedprivError(f"round {server_round}: a reply names users {bad} that were not sampled this round")
+    again = seen.intersection(users)
+    if again:
+        raise FedprivError(f"round {server_round}: users {sorted(again)} were answered for twice")
+    seen.update(users)
 
 
 class FedprivStrategy(Strategy):
@@ -71,6 +90,7 @@ class FedprivStrategy(Strategy):
         self.state: dict | None = None
         self.last_info: dict[str, Any] = {}
         self._sent = 0
+        self._cohort: set[int] = set()
 
     # ---- Strategy API ------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -78,12 +98,15 @@ class FedprivStrategy(Strategy):
         if not nodes:
             raise FedprivError("no SuperNode is connected")
         cohort = self.core.sampler.sample(server_round)
+        k = self.setup.fcfg.users_per_message
         messages = []
-        for i, user in enumerate(cohort):
-            cfg = ConfigRecord({**dict(config), "user": int(user), "round": int(server_round)})
+        for i, start in enumerate(range(0, len(cohort), k)):
+            users = [int(u) for u in cohort[start : start + k]]
+            cfg = ConfigRecord({**dict(config), "users": users, "round": int(server_round)})
             content = RecordDict({ARRAYS: arrays, CONFIG: cfg})
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=nodes[i % len(nodes)]))
-        self._sent = len(messages)
+        self._sent = len(cohort)
+        self._cohort = {int(u) for u in cohort}
         return messages
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
@@ -91,24 +114,27 @@ class FedprivStrategy(Strategy):
             raise FedprivError("the strategy has no global state; call bind(state) first")
         replies = list(replies)
         good = [m for m in replies if not m.has_error()]
-        sent = max(self._sent, len(replies))
-        failed = sent - len(good)
+        received = sum(len(m.content[METRICS]["users"]) for m in good)
+        sent = max(self._sent, received)
+        failed = sent - received
         if sent and not good:
             why = replies[0].error.reason if replies else "no reply before federated.round_timeout_s"
             raise FedprivError(f"round {server_round}: every one of the {sent} client updates failed ({why}); resume the run once the SuperNodes are back")
         if failed:
             self.log(f"round {server_round}: {failed} of {sent} client updates failed or timed out and are left out")
-        good.sort(key=lambda m: int(m.content[METRICS]["user"]))
+        good.sort(key=lambda m: int(m.content[METRICS]["users"][0]))
         acc = self.core.accumulator(self.state)
         template = self.state["params"]
         loss_sum, steps, examples = 0.0, 0, 0
-        for m in good:  # one delta at a time, in user order (stacking 100 deltas cost more than adding them)
-            delta = jax.tree_util.tree_map(lambda a: a[None], record_to_arrays(m.content[ARRAYS], template))
-            count = int(m.content[METRICS]["num-examples"])
-            acc.add(delta, np.array([count]))
-            loss_sum += float(m.content[METRICS]["loss-sum"])
-            steps += int(m.content[METRICS]["local-steps"])
-            examples += count
+        seen: set[int] = set()
+        for m in good:  # in user order; each reply's deltas arrive stacked (users, ...)
+            metrics = m.content[METRICS]
+            counts = np.asarray(metrics["num-examples"], np.int64)
+            check_reply_users(server_round, list(metrics["users"]), len(counts), self._cohort, seen)
+            acc.add(record_to_arrays(m.content[ARRAYS], template, len(counts)), counts)
+            loss_sum += float(metrics["loss-sum"])
+            steps += int(metrics["local-steps"])
+            examples += int(counts.sum())
         self.state, info = self.core.finish_round(self.state, server_round, acc)
         self.last_info = {**client_loss_info(loss_sum, steps, examples), **info, "failed": failed}
         metrics = {k: float(v) for k, v in self.last_info.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
