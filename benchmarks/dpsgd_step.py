@@ -7,8 +7,9 @@ One step = gradient (non-private: of the mean loss; DP: per-example clipped sum 
 one run (the machine is shared: ratios measured side by side are what this reports; absolute
 times drift); each timed call follows an untimed call of the same step, the steady state of a
 training loop (the vmap reference frees about a gigabyte per BERT or NWP step, and a step timed
-right after it would be charged for the page faults that follow). Prints examples per second (the training throughput of each model, private and
-not) and the ratio DP / non-private for each clipping. The CRF tagger has no fast path (its
+right after it would be charged for the page faults that follow). Prints examples per second
+(the training throughput of each model, private and not) and the ratio DP / non-private for
+each clipping. The CRF tagger has no fast path (its
 transition parameters sit outside the recorded layers) and reports the reference only.
 """
 

@@ -143,6 +143,8 @@ def test_a_reply_adds_at_most_one_delta_per_sampled_user():
         check_reply_users(2, [9, 9], 2, {1, 4, 9}, set())
     with pytest.raises(FedprivError, match="one per distinct user"):
         check_reply_users(2, [9], 2, {1, 4, 9}, set())
+    with pytest.raises(FedprivError, match="one per distinct user"):
+        check_reply_users(2, [], 0, {1, 4, 9}, set())
 
 
 def test_a_group_of_users_gets_each_user_its_own_delta(tiny_setup):

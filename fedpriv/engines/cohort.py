@@ -12,6 +12,8 @@ which engine, computed it.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -19,6 +21,9 @@ import numpy as np
 from fedpriv.clients.data import next_power_of_two
 from fedpriv.clients.update import CLIENT_STREAM, make_cohort_update
 from fedpriv.tasks.base import Params
+
+if TYPE_CHECKING:
+    from fedpriv.engines.rounds import FederatedSetup
 
 
 def client_keys(seed: int, round_: int, users: np.ndarray) -> jax.Array:
@@ -36,9 +41,9 @@ def vectorize_mode(setting: str) -> str:
 
 
 class CohortUpdate:
-    """The jitted update of a group of users of one experiment (``setup``: a FederatedSetup)."""
+    """The jitted update of a group of users of one experiment."""
 
-    def __init__(self, setup):
+    def __init__(self, setup: FederatedSetup):
         self.setup = setup
         self.mode = vectorize_mode(setup.fcfg.vectorize)
         self.update = make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp, self.mode)

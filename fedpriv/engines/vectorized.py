@@ -6,9 +6,9 @@ ClientApp makes for the users of one message) over arrays of shape (K, S, B, ...
 chunk's longest plan rounded up to a power of two (padded steps are skipped), K is always the
 chunk size: ``chunk_size``, or a smaller cohort's size (rounded up to a power of two under
 Poisson sampling, where it varies) (missing clients are padded with empty plans and weight 0),
-so a run compiles a handful of shapes. The chunk's deltas go straight into the strategy's accumulator, so memory is
-bounded by one chunk of deltas, whatever the cohort size. The strategy math is the one of
-:mod:`fedpriv.strategies.core`, as in the Flower engine.
+so a run compiles a handful of shapes. The chunk's deltas go straight into the strategy's
+accumulator, so memory is bounded by one chunk of deltas, whatever the cohort size. The strategy
+math is the one of :mod:`fedpriv.strategies.core`, as in the Flower engine.
 """
 
 from __future__ import annotations

@@ -6,14 +6,15 @@ into consecutive groups of ``federated.users_per_message`` users and sends one m
 (``config["users"]``, ``config["round"]``) to the connected SuperNodes in turn; any node can train
 any user (in simulation every ClientApp loads the same corpus). Each user is still trained alone
 from the global model and returns its own delta: a group only shares a message (the reply holds
-the group's deltas stacked, with per-user example counts). ``aggregate_train`` feeds the replies,
-in user order, into the same
+the group's deltas stacked, with per-user example counts). ``aggregate_train`` checks every reply
+(:func:`check_reply_users`), then feeds the replies, in user order, into the same
 :class:`~fedpriv.strategies.core.ServerCore` the vectorized engine uses, applies the server
 optimizer and returns the new global model.
 
 Failed replies, and replies missing after ``federated.round_timeout_s`` (a SuperNode that died
-mid-round), are dropped and their users counted (``failed`` in the train row); the round completes with the remaining users. For DP-FedAvg this keeps the
-guarantee: the denominator stays the public m and a missing user only removes a clipped term.
+mid-round), are dropped and their users counted (``failed`` in the train row); the round
+completes with the remaining users. For DP-FedAvg this keeps the guarantee: the denominator
+stays the public m and a missing user only removes a clipped term.
 A round in which every reply failed raises :class:`~fedpriv.errors.FedprivError`.
 """
 
@@ -66,7 +67,7 @@ def check_reply_users(server_round: int, users: list[int], deltas: int, cohort: 
     not sampled this round or already answered for: each sampled user must add at most one
     clipped delta, which the sensitivity of DP-FedAvg's sum rests on. Adds the users to ``seen``."""
     bad = [u for u in users if u not in cohort]
-    if deltas != len(users) or len(set(users)) != len(users):
+    if not users or deltas != len(users) or len(set(users)) != len(users):
         raise FedprivError(f"round {server_round}: a reply holds {deltas} example counts for users {users}; one per distinct user expected")
     if bad:
         raise FedprivError(f"round {server_round}: a reply names users {bad} that were not sampled this round")
@@ -122,15 +123,16 @@ class FedprivStrategy(Strategy):
             raise FedprivError(f"round {server_round}: every one of the {sent} client updates failed ({why}); resume the run once the SuperNodes are back")
         if failed:
             self.log(f"round {server_round}: {failed} of {sent} client updates failed or timed out and are left out")
+        seen: set[int] = set()
+        for m in good:  # every reply checked before any is added
+            check_reply_users(server_round, list(m.content[METRICS]["users"]), len(m.content[METRICS]["num-examples"]), self._cohort, seen)
         good.sort(key=lambda m: int(m.content[METRICS]["users"][0]))
         acc = self.core.accumulator(self.state)
         template = self.state["params"]
         loss_sum, steps, examples = 0.0, 0, 0
-        seen: set[int] = set()
         for m in good:  # in user order; each reply's deltas arrive stacked (users, ...)
             metrics = m.content[METRICS]
             counts = np.asarray(metrics["num-examples"], np.int64)
-            check_reply_users(server_round, list(metrics["users"]), len(counts), self._cohort, seen)
             acc.add(record_to_arrays(m.content[ARRAYS], template, len(counts)), counts)
             loss_sum += float(metrics["loss-sum"])
             steps += int(metrics["local-steps"])
