@@ -1,13 +1,14 @@
 """Federated engines side by side: client updates per second and overhead, Flower vs vectorized.
 
     .venv/bin/python benchmarks/federated_engines.py [--corpus shakespeare|synthetic|both]
-        [--clients 100] [--rounds 5] [--model small] [--users-per-message 1,10]
+        [--clients 100] [--rounds 5] [--model small] [--users-per-message 1,10,10:sum]
         [--supernodes 4] [--client-cpus 1] [--json]
 
 For each corpus, one NWP experiment (FedAvg, ``--clients`` users per round, one local epoch of
 batch 16 over at most 32 examples per user: small clients) is run by the vectorized engine and
-by the Flower engine (once per ``--users-per-message`` value) in this one process, same seed,
-same cohorts:
+by the Flower engine (once per ``--users-per-message`` value: ``K`` for K users per message,
+``K:sum`` for K users per message with ``federated.sum_on_client``) in this one process, same
+seed, same cohorts:
 
 * client updates/s = cohort size / round wall time, over rounds 2.. (round 1 compiles);
 * overhead = round wall time / sum of the cohort's isolated client compute times, where a
@@ -17,7 +18,8 @@ same cohorts:
 
 Flower's per-message cost (its simulation runtime's queues and polling, a Ray actor call each
 way, the model serialized both ways) is paid once per message: ``users_per_message`` users in
-one message pay it once together. Flower's simulation runtime hands each virtual SuperNode at
+one message pay it once together; with ``sum_on_client`` the reply carries one summed delta instead
+of K (the stacked deltas are most of the bytes moved). Flower's simulation runtime hands each virtual SuperNode at
 most one message per 0.1 s, so ``--supernodes`` N caps a round at 10 N messages per second.
 
 The synthetic corpus is Stack-Overflow-shaped (the preset's lognormal user sizes and vocabulary
@@ -53,7 +55,7 @@ SOURCES = {
 }
 
 
-def experiment(corpus: str, clients: int, rounds: int, model: str, supernodes: int, client_cpus: float, users_per_message: int = 1) -> dict:
+def experiment(corpus: str, clients: int, rounds: int, model: str, supernodes: int, client_cpus: float, users_per_message: int = 1, sum_on_client: bool = False) -> dict:
     return {
         "name": f"bench-{corpus}",
         "seed": 0,
@@ -63,7 +65,7 @@ def experiment(corpus: str, clients: int, rounds: int, model: str, supernodes: i
         "federated": {
             "strategy": "fedavg", "rounds": rounds, "clients_per_round": clients, "local_epochs": 1,
             "local_batch_size": 16, "client_learning_rate": 0.3, "eval_every": 10_000, "num_supernodes": supernodes,
-            "client_num_cpus": client_cpus, "users_per_message": users_per_message, "chunk_size": 128,
+            "client_num_cpus": client_cpus, "users_per_message": users_per_message, "sum_on_client": sum_on_client, "chunk_size": 128,
         },
     }
 
@@ -90,12 +92,12 @@ def round_seconds(run_dir: Path) -> list[float]:
     return [r["round_seconds"] for r in rows if r.get("split") == "train"]
 
 
-def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, supernodes: int, client_cpus: float, groups: list[int]) -> dict:
+def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, supernodes: int, client_cpus: float, groups: list[tuple[int, bool]]) -> dict:
     from fedpriv.engines.flower_sim import run_flower_simulation
     from fedpriv.engines.vectorized import run_vectorized
 
-    def exp(k: int = 1) -> dict:
-        return experiment(corpus, clients, rounds, model, supernodes, client_cpus, k)
+    def exp(k: int = 1, summed: bool = False) -> dict:
+        return experiment(corpus, clients, rounds, model, supernodes, client_cpus, k, summed)
 
     prepared = prepare(validate_config(exp()))
     setup = FederatedSetup(prepared)
@@ -114,13 +116,15 @@ def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, sup
         "vectorized_overhead": vec / isolated,
         "flower": [],
     }
-    for k in groups:
-        cfg_path = workdir / f"{corpus}-{k}.toml"
-        cfg_path.write_text(_toml(exp(k)))
-        run_flower_simulation(cfg_path, workdir / f"{corpus}-flower-{k}")
-        flw = statistics.mean(round_seconds(workdir / f"{corpus}-flower-{k}")[1:])
+    for k, summed in groups:
+        name = f"{corpus}-{k}{'-sum' if summed else ''}"
+        cfg_path = workdir / f"{name}.toml"
+        cfg_path.write_text(_toml(exp(k, summed)))
+        run_flower_simulation(cfg_path, workdir / f"{name}-flower")
+        flw = statistics.mean(round_seconds(workdir / f"{name}-flower")[1:])
         row["flower"].append({
             "users_per_message": k,
+            "sum_on_client": summed,
             "round_seconds": flw,
             "updates_per_s": m / flw,
             "overhead": flw / isolated,
@@ -137,6 +141,14 @@ def _toml(d: dict, prefix: str = "") -> str:
     return head + "\n".join(scalars) + "\n\n" + "".join(tables)
 
 
+def parse_run(value: str, ap: argparse.ArgumentParser) -> tuple[int, bool]:
+    """``K`` or ``K:sum`` -> (K, sum_on_client)."""
+    k, _, mode = value.strip().partition(":")
+    if not k.isdigit() or int(k) < 1 or mode not in ("", "sum"):
+        ap.error(f"--users-per-message: {value!r} is not K or K:sum with K >= 1")
+    return int(k), mode == "sum"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--corpus", choices=["shakespeare", "synthetic", "both"], default="both")
@@ -144,13 +156,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--model", default="small")
     ap.add_argument("--supernodes", type=int, default=4, help="Flower: virtual SuperNodes (Flower's simulation runtime hands each at most one message per 0.1 s)")
-    ap.add_argument("--users-per-message", default="1,10", help="Flower: comma-separated federated.users_per_message values, one Flower run each")
+    ap.add_argument("--users-per-message", default="1,10,10:sum", help="Flower runs, comma-separated: K (federated.users_per_message = K) or K:sum (and sum_on_client = true)")
     ap.add_argument("--client-cpus", type=float, default=1.0, help="Flower: CPUs per ClientApp actor")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if args.rounds < 2:
         ap.error("--rounds must be >= 2 (round 1 compiles and is not timed)")
-    groups = [int(k) for k in args.users_per_message.split(",")]
+    groups = [parse_run(v, ap) for v in args.users_per_message.split(",")]
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     corpora = ["shakespeare", "synthetic"] if args.corpus == "both" else [args.corpus]
     with tempfile.TemporaryDirectory() as tmp:
@@ -167,7 +179,8 @@ def main() -> None:
         )
         for f in r["flower"]:
             print(
-                f"{'':>13}flower, {f['users_per_message']:>3} users/message: {f['updates_per_s']:.1f} updates/s (overhead {f['overhead']:.2f}x) | "
+                f"{'':>13}flower, {f['users_per_message']:>3} users/message{', summed' if f['sum_on_client'] else '        '}: "
+                f"{f['updates_per_s']:.1f} updates/s (overhead {f['overhead']:.2f}x) | "
                 f"vectorized/flower {f['vectorized_over_flower']:.1f}x"
             )
 

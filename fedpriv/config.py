@@ -172,6 +172,7 @@ class FederatedConfig(_Strict):
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
     num_supernodes: int = Field(4, ge=1, description="Flower simulation: virtual SuperNodes that run the client updates")
     users_per_message: int = Field(1, ge=1, description="Flower: users a ClientApp trains per message, one after another in one jitted call (fewer messages, less per-message overhead)")
+    sum_on_client: bool = Field(False, description="Flower: a reply carries the clipped (or count-weighted) sum of its users' deltas, not each delta: 1/users_per_message of the bytes; the server then relies on the ClientApp's clipping")
     client_num_cpus: float = Field(1.0, gt=0.0, description="Flower simulation: CPUs per ClientApp actor")
     client_num_gpus: float = Field(0.0, ge=0.0, description="Flower simulation: GPUs per ClientApp actor")
     round_timeout_s: float = Field(600.0, gt=0.0, description="Flower: seconds to wait for a round's replies; missing ones count as failed")

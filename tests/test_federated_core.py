@@ -266,6 +266,34 @@ def test_budget_that_no_round_fits_is_refused_before_training():
         ServerCore(fcfg(strategy="dp-fedavg", clients_per_round=10, clip_norm=1.0, noise_multiplier=0.3, delta=1e-5, epsilon_budget=0.01), 200, seed=0)
 
 
+@pytest.mark.parametrize("strategy", ["fedavg", "fedavg-clip"])
+def test_sums_of_groups_add_up_to_the_sum_of_all_deltas(strategy):
+    """A Flower ClientApp with sum_on_client accumulates its group from zero with the server's
+    clip and weights; the server adds the groups' sums (add_sum). Same total, weights and norms
+    as adding every delta, up to the order of float additions."""
+    extra = {} if strategy == "fedavg" else {"clip_norm": 0.8}
+    core = ServerCore(fcfg(strategy=strategy, clients_per_round=7, **extra), population=50, seed=0)
+    state = core.init_state(zeros_params((40,), (3, 5)))
+    rng = np.random.default_rng(4)
+    deltas = [{k: jnp.asarray(rng.normal(0, 0.3, v.shape), jnp.float32) for k, v in state["params"].items()} for _ in range(7)]
+    counts = np.array([3, 17, 1, 8, 8, 2, 30])
+    whole = core.accumulator(state)
+    whole.add(stack(deltas), counts)
+    parts = core.accumulator(state)
+    for lo, hi in [(0, 3), (3, 6), (6, 7)]:
+        group = core.make_accumulator(state["params"], core.current_clip(state))
+        group.add(stack(deltas[lo:hi]), counts[lo:hi])
+        parts.add_sum(group.total, counts[lo:hi], group.all_norms)
+    assert parts.weight_sum == whole.weight_sum == (counts.sum() if strategy == "fedavg" else 7)
+    np.testing.assert_array_equal(parts.all_norms, whole.all_norms)
+    for k in whole.total:
+        np.testing.assert_allclose(parts.total[k], whole.total[k], rtol=1e-6, atol=1e-6)
+    if strategy != "fedavg":  # the clip really ran: some norms exceed S, and the sum is shorter
+        assert (whole.all_norms > 0.8).any()
+        raw = sum(np.asarray(jax.tree_util.tree_leaves(d)[0]) for d in deltas)
+        assert not np.allclose(raw, whole.total[sorted(whole.total)[0]])
+
+
 def test_accumulator_ignores_padded_clients():
     acc = DeltaAccumulator({"w": jnp.zeros(2)}, 1.0, weighted=False)
     acc.add({"w": jnp.array([[0.5, 0.0], [np.nan, np.inf]])}, np.array([1, 1]), mask=np.array([1.0, 0.0]))

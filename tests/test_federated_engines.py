@@ -22,7 +22,7 @@ from fedpriv.engines.run import run_federated
 from fedpriv.engines.vectorized import VectorizedEngine, run_vectorized
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.pipeline import prepare
-from fedpriv.strategies.flower import check_reply_users, params_to_record, record_to_arrays
+from fedpriv.strategies.flower import check_reply_sum, check_reply_users, params_to_record, record_to_arrays
 
 TINY = """
 name = "{name}"
@@ -147,6 +147,17 @@ def test_a_reply_adds_at_most_one_delta_per_sampled_user():
         check_reply_users(2, [], 0, {1, 4, 9}, set())
 
 
+def test_a_summed_reply_needs_a_norm_per_user_and_a_clipped_length():
+    check_reply_sum(2, [1, 4], [0.1, 3.0], 2 * 0.5, 0.5)  # at the bound K * S
+    check_reply_sum(2, [1, 4], [0.1, 3.0], 1e9, math.inf)  # fedavg: no clip, no bound
+    with pytest.raises(FedprivError, match="one per user"):
+        check_reply_sum(2, [1, 4], [0.1], 0.2, 0.5)
+    with pytest.raises(FedprivError, match="did not clip"):
+        check_reply_sum(2, [1, 4], [0.1, 3.0], 2 * 0.5 * 1.001, 0.5)
+    with pytest.raises(FedprivError, match="did not clip"):
+        check_reply_sum(2, [1, 4], [0.1, 3.0], float("nan"), 0.5)
+
+
 def test_a_group_of_users_gets_each_user_its_own_delta(tiny_setup):
     # What a ClientApp computes for one message of several users, padded to a wider group, is
     # each user's single-user update: grouping never mixes users.
@@ -239,8 +250,9 @@ def test_record_level_privacy_section_is_refused_for_federated_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
-    ["", DP, DP + "\nusers_per_message = 4"],
-    ids=["fedavg", "dp-fedavg", "dp-fedavg-4-users-per-message"],  # 6 users: groups of 4 and 2 (padded)
+    ["", DP, DP + "\nusers_per_message = 4", DP + "\nusers_per_message = 4\nsum_on_client = true\nadaptive_clip = true\nclip_count_stddev = 1.0", "users_per_message = 4\nsum_on_client = true"],
+    # 6 users: groups of 4 and 2 (padded); adaptive clipping moves S by the norms the ClientApps report
+    ids=["fedavg", "dp-fedavg", "dp-fedavg-4-users-per-message", "dp-fedavg-adaptive-summed-on-client", "fedavg-summed-on-client"],
 )
 def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra):
     cfg = write_config(tmp_path, extra=extra)

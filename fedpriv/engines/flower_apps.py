@@ -12,7 +12,8 @@ the experiment, encodes the corpus and compiles the client update once, then reu
 every message (cached by config path). The server samples users; each message names
 ``federated.users_per_message`` of them (1 by default), which the ClientApp trains one after
 another in one jitted call, :class:`fedpriv.engines.cohort.CohortUpdate`, the vectorized engine's
-call for a chunk. The client update is :mod:`fedpriv.clients.update`, the aggregation
+call for a chunk. With ``federated.sum_on_client`` it replies with their clipped (or weighted)
+sum instead of each delta. The client update is :mod:`fedpriv.clients.update`, the aggregation
 :mod:`fedpriv.strategies.core`: the same code as the vectorized engine.
 """
 
@@ -98,17 +99,26 @@ class _ClientRuntime:
         self.cohort = CohortUpdate(self.setup)
 
     def train(self, msg: Message) -> Message:
-        """The deltas of the message's users (``config["users"]``), stacked in that order."""
+        """The deltas of the message's users (``config["users"]``), stacked in that order; or,
+        when the server asks for a sum (``config["sum"]``), their sum accumulated as the server
+        would (clipped to ``config["clip"]``, or weighted by example count for fedavg) and each
+        user's unclipped delta norm (metric ``delta-norms``)."""
         s = self.setup
         cfg = msg.content[CONFIG]
         users, round_ = np.asarray(cfg["users"], np.int64), int(cfg["round"])
         params = record_to_params(msg.content[ARRAYS], self.template)
         # Width fixed by the config (the last group of a round is padded), so one program serves all.
         width = max(s.fcfg.users_per_message, len(users))
-        deltas, _mask, loss_sum, steps = self.cohort.deltas(params, users, round_, width)
-        real = jax.tree_util.tree_map(lambda d: d[: len(users)], deltas)
-        metrics = MetricRecord({"users": users.tolist(), "num-examples": [int(s.data.counts[u]) for u in users], "loss-sum": loss_sum, "local-steps": steps})
-        return Message(RecordDict({ARRAYS: params_to_record(real), METRICS: metrics}), reply_to=msg)
+        deltas, mask, loss_sum, steps = self.cohort.deltas(params, users, round_, width)
+        counts = [int(s.data.counts[u]) for u in users]
+        metrics = {"users": users.tolist(), "num-examples": counts, "loss-sum": loss_sum, "local-steps": steps}
+        if bool(cfg.get("sum", False)):
+            acc = s.core.make_accumulator(self.template, float(cfg["clip"]))
+            acc.add(deltas, np.pad(np.asarray(counts, np.float32), (0, width - len(users))), mask)
+            arrays, metrics["delta-norms"] = acc.total, acc.all_norms.tolist()
+        else:
+            arrays = jax.tree_util.tree_map(lambda d: d[: len(users)], deltas)
+        return Message(RecordDict({ARRAYS: params_to_record(arrays), METRICS: MetricRecord(metrics)}), reply_to=msg)
 
 
 _RUNTIMES: dict[str, _ClientRuntime] = {}

@@ -85,11 +85,17 @@ def _accumulate(total, deltas, weights, clip):
     return clipped_sum(deltas, clip, weights, initial=total)
 
 
+@jax.jit
+def _add_trees(total, partial):
+    return jax.tree_util.tree_map(lambda t, p: t + p.astype(t.dtype), total, partial)
+
+
 class DeltaAccumulator:
     """Collects one round's client deltas, a chunk at a time (leaves (k, ...) stacked)."""
 
     def __init__(self, params: Params, clip_norm: float, weighted: bool):
         self.total = jax.tree_util.tree_map(lambda p: jnp.zeros(p.shape, jnp.promote_types(p.dtype, jnp.float32)), params)
+        self.clip_norm = float(clip_norm)  # S; inf: no clipping (fedavg)
         self.clip = jnp.asarray(clip_norm, jnp.float32)
         self.weighted = weighted
         self.weight_sum = 0.0
@@ -103,6 +109,16 @@ class DeltaAccumulator:
         self.total, norms = _accumulate(self.total, deltas, jnp.asarray(weights), self.clip)
         self.weight_sum += float(weights.sum())
         self.norms.append(np.asarray(norms)[real > 0])
+
+    def add_sum(self, partial: Params, num_examples: np.ndarray, norms: np.ndarray) -> None:
+        """Add a sum that :meth:`add` computed elsewhere (a Flower ClientApp's accumulator started
+        from zero over its message's users, with the same clip and weighting): ``partial`` is
+        that accumulator's total, ``num_examples`` and ``norms`` its users' counts and unclipped
+        norms, one each. Only the order of the float additions differs from adding the deltas."""
+        n = np.asarray(num_examples, np.float32)
+        self.total = _add_trees(self.total, partial)
+        self.weight_sum += float((n if self.weighted else np.ones_like(n)).sum())
+        self.norms.append(np.asarray(norms, np.float32))
 
     @property
     def all_norms(self) -> np.ndarray:
@@ -166,9 +182,15 @@ class ServerCore:
         return float(c.clip_norm) if isinstance(c, AdaptiveClipState) else float(c)
 
     def accumulator(self, state: dict) -> DeltaAccumulator:
+        """An empty accumulator for a round from ``state``."""
+        return self.make_accumulator(state["params"], self.current_clip(state))
+
+    def make_accumulator(self, params: Params, clip_norm: float) -> DeltaAccumulator:
+        """fedavg: weighted by example count, no clip (``clip_norm`` ignored); otherwise uniform
+        weights, each delta clipped to ``clip_norm``."""
         if self.strategy == "fedavg":
-            return DeltaAccumulator(state["params"], math.inf, weighted=True)
-        return DeltaAccumulator(state["params"], self.current_clip(state), weighted=False)
+            return DeltaAccumulator(params, math.inf, weighted=True)
+        return DeltaAccumulator(params, clip_norm, weighted=False)
 
     # ---- one round -------------------------------------------------------------------------------
     def finish_round(self, state: dict, round_: int, acc: DeltaAccumulator) -> tuple[dict, dict[str, Any]]:

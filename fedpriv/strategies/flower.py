@@ -11,6 +11,14 @@ the group's deltas stacked, with per-user example counts). ``aggregate_train`` c
 :class:`~fedpriv.strategies.core.ServerCore` the vectorized engine uses, applies the server
 optimizer and returns the new global model.
 
+With ``federated.sum_on_client`` (``config["sum"]``, with the round's S in ``config["clip"]``) a
+ClientApp replies with the sum its group adds to the server's accumulator (each delta clipped to
+S, or weighted by example count for fedavg) and the users' unclipped delta norms: 1/K of the
+bytes for K users per message. The result differs from the per-delta sum only in the order of
+float additions. The server checks the sum's length (at most K * S, :func:`check_reply_sum`) but
+cannot check each delta: the guarantee then rests on the ClientApp's clipping, as with Flower's
+client-side clipping mods.
+
 Failed replies, and replies missing after ``federated.round_timeout_s`` (a SuperNode that died
 mid-round), are dropped and their users counted (``failed`` in the train row); the round
 completes with the remaining users. For DP-FedAvg this keeps the guarantee: the denominator
@@ -20,6 +28,7 @@ A round in which every reply failed raises :class:`~fedpriv.errors.FedprivError`
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -32,6 +41,7 @@ from flwr.serverapp.strategy import Strategy
 
 from fedpriv.engines.rounds import FederatedSetup, client_loss_info
 from fedpriv.errors import FedprivError
+from fedpriv.privacy.aggregate import global_norms
 
 ARRAYS = "arrays"
 CONFIG = "config"
@@ -77,6 +87,21 @@ def check_reply_users(server_round: int, users: list[int], deltas: int, cohort: 
     seen.update(users)
 
 
+def check_reply_sum(server_round: int, users: list[int], norms: list[float], sum_norm: float, clip_norm: float) -> None:
+    """Refuse a summed reply (``federated.sum_on_client``) without one delta norm per user, or
+    whose sum is longer than its users' deltas clipped to S can make it: at most len(users) * S
+    (relative float slack 1e-5). ``clip_norm`` inf (fedavg) skips the length check. This catches a
+    ClientApp that did not clip; the server cannot check each delta it never sees."""
+    if len(norms) != len(users):
+        raise FedprivError(f"round {server_round}: a summed reply for users {users} holds {len(norms)} delta norms; one per user expected")
+    bound = len(users) * clip_norm
+    if math.isfinite(clip_norm) and not sum_norm <= bound * (1 + 1e-5):
+        raise FedprivError(
+            f"round {server_round}: the sum of the deltas of users {users} has norm {sum_norm:.6g}, more than "
+            f"{len(users)} deltas clipped to S = {clip_norm:g} can have ({bound:.6g}); the ClientApp did not clip"
+        )
+
+
 class FedprivStrategy(Strategy):
     """The shared Flower strategy; the subclasses fix which aggregation the config must name."""
 
@@ -100,10 +125,11 @@ class FedprivStrategy(Strategy):
             raise FedprivError("no SuperNode is connected")
         cohort = self.core.sampler.sample(server_round)
         k = self.setup.fcfg.users_per_message
+        summed = {"sum": self.setup.fcfg.sum_on_client, "clip": self.core.current_clip(self.state)}
         messages = []
         for i, start in enumerate(range(0, len(cohort), k)):
             users = [int(u) for u in cohort[start : start + k]]
-            cfg = ConfigRecord({**dict(config), "users": users, "round": int(server_round)})
+            cfg = ConfigRecord({**dict(config), **summed, "users": users, "round": int(server_round)})
             content = RecordDict({ARRAYS: arrays, CONFIG: cfg})
             messages.append(Message(content=content, message_type=MessageType.TRAIN, dst_node_id=nodes[i % len(nodes)]))
         self._sent = len(cohort)
@@ -130,10 +156,17 @@ class FedprivStrategy(Strategy):
         acc = self.core.accumulator(self.state)
         template = self.state["params"]
         loss_sum, steps, examples = 0.0, 0, 0
-        for m in good:  # in user order; each reply's deltas arrive stacked (users, ...)
+        for m in good:  # in user order; each reply's deltas arrive stacked (users, ...), or summed
             metrics = m.content[METRICS]
             counts = np.asarray(metrics["num-examples"], np.int64)
-            acc.add(record_to_arrays(m.content[ARRAYS], template, len(counts)), counts)
+            if self.setup.fcfg.sum_on_client:
+                partial = record_to_arrays(m.content[ARRAYS], template)
+                norms = list(metrics.get("delta-norms", []))
+                sum_norm = float(global_norms(jax.tree_util.tree_map(lambda x: x[None], partial))[0])
+                check_reply_sum(server_round, list(metrics["users"]), norms, sum_norm, acc.clip_norm)
+                acc.add_sum(partial, counts, np.asarray(norms, np.float32))
+            else:
+                acc.add(record_to_arrays(m.content[ARRAYS], template, len(counts)), counts)
             loss_sum += float(metrics["loss-sum"])
             steps += int(metrics["local-steps"])
             examples += int(counts.sum())
