@@ -110,7 +110,7 @@ class DeltaAccumulator:
         self.weight_sum += float(weights.sum())
         self.norms.append(np.asarray(norms)[real > 0])
 
-    def add_sum(self, partial: Params, num_examples: np.ndarray, norms: np.ndarray) -> None:
+    def add_sum(self, partial: Params, num_examples: np.ndarray, norms: np.ndarray | list[float]) -> None:
         """Add a sum that :meth:`add` computed elsewhere (a Flower ClientApp's accumulator started
         from zero over its message's users, with the same clip and weighting): ``partial`` is
         that accumulator's total, ``num_examples`` and ``norms`` its users' counts and unclipped

@@ -150,7 +150,7 @@ class FedprivStrategy(Strategy):
         if failed:
             self.log(f"round {server_round}: {failed} of {sent} client updates failed or timed out and are left out")
         seen: set[int] = set()
-        for m in good:  # every reply checked before any is added
+        for m in good:  # every reply's users checked before any is added (a summed reply's length when decoded; a refusal ends the round before anything is applied)
             check_reply_users(server_round, list(m.content[METRICS]["users"]), len(m.content[METRICS]["num-examples"]), self._cohort, seen)
         good.sort(key=lambda m: int(m.content[METRICS]["users"][0]))
         acc = self.core.accumulator(self.state)
@@ -164,7 +164,7 @@ class FedprivStrategy(Strategy):
                 norms = list(metrics.get("delta-norms", []))
                 sum_norm = float(global_norms(jax.tree_util.tree_map(lambda x: x[None], partial))[0])
                 check_reply_sum(server_round, list(metrics["users"]), norms, sum_norm, acc.clip_norm)
-                acc.add_sum(partial, counts, np.asarray(norms, np.float32))
+                acc.add_sum(partial, counts, norms)
             else:
                 acc.add(record_to_arrays(m.content[ARRAYS], template, len(counts)), counts)
             loss_sum += float(metrics["loss-sum"])
