@@ -24,13 +24,19 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from fedpriv.errors import ConfigError
+from fedpriv.errors import ConfigError, FedprivError
+from fedpriv.privacy.local.mechanisms import check_eta, check_text_mechanism
+from fedpriv.vocab.dp_histogram import mechanism_params
+
+#: A string value ``"run:NAME"`` names another run of the same experiment file (resolved by the run store).
+RUN_REF = "run:"
 
 
 class _Strict(BaseModel):
@@ -79,9 +85,6 @@ class VocabConfig(_Strict):
         if self.dp is None and dp_keys:
             raise ValueError(f"{dp_keys[0]} is given without a DP mechanism; set dp = 'gaussian' (or laplace, count)")
         if self.dp is not None:
-            from fedpriv.errors import FedprivError
-            from fedpriv.vocab.dp_histogram import mechanism_params
-
             try:  # impossible parameters are refused before any data is read
                 mechanism_params(self.dp, sigma=self.sigma, epsilon=self.epsilon, delta=self.delta, tuple_size=self.tuple_size, partition=self.partition)
             except FedprivError as e:
@@ -132,13 +135,75 @@ class PrivacyConfig(_Strict):
     epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a step would exceed this epsilon")
     accountant: Literal["rdp", "pld"] = "rdp"
 
+    @model_validator(mode="after")
+    def _check(self) -> "PrivacyConfig":
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier or target_epsilon")
+        return self
+
+
+class FederatedDPConfig(_Strict):
+    """User-level DP of DP-FedAvg (``[federated.dp]``; strategy = "dp-fedavg" needs it): Gaussian
+    noise z*S on the sum of the deltas clipped to ``federated.clip_norm`` S, accounted per round."""
+
+    delta: float = Field(..., gt=0.0, lt=1.0, description="user-level delta (well below 1/N)")
+    noise_multiplier: float | None = Field(None, ge=0.0, description="z: noise std z*S on the clipped sum (or give target_epsilon)")
+    target_epsilon: float | None = Field(None, gt=0.0, description="calibrate z to reach this epsilon after all rounds")
+    epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a round would exceed this epsilon")
+    accountant: Literal["rdp", "pld"] = "rdp"
+    adaptive_clip: bool = Field(False, description="adapt S to a quantile of the delta norms (Andrew et al. 2021)")
+    target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
+    clip_learning_rate: float = Field(0.2, gt=0.0)
+    clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "FederatedDPConfig":
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier or target_epsilon")
+        if self.noise_multiplier == 0:
+            raise ValueError("noise_multiplier = 0 gives no privacy; use strategy = 'fedavg-clip' (and no [federated.dp]) for clipping without noise")
+        return self
+
+
+class ClientDPConfig(_Strict):
+    """Client-side DP-SGD (``[federated.client_dp]``): each client runs DP-SGD on its own examples
+    (record-level DP, Jana and Biemann 2021)."""
+
+    clip_norm: float = Field(..., gt=0.0, description="C: per-example L2 clip inside each client")
+    noise_multiplier: float = Field(..., gt=0.0, description="sigma: noise std sigma*C on each local step's clipped sum")
+    delta: float = Field(..., gt=0.0, lt=1.0, description="record-level delta")
+
+
+class FlowerConfig(_Strict):
+    """The Flower engine (``[federated.flower]``): simulation resources and messaging."""
+
+    num_supernodes: int = Field(4, ge=1, description="Flower simulation: virtual SuperNodes that run the client updates")
+    users_per_message: int = Field(1, ge=1, description="users a ClientApp trains per message, one after another in one jitted call (fewer messages, less per-message overhead)")
+    sum_on_client: bool = Field(False, description="a reply carries the clipped (or count-weighted) sum of its users' deltas, not each delta: 1/users_per_message of the bytes; the server then relies on the ClientApp's clipping")
+    client_num_cpus: float = Field(1.0, gt=0.0, description="Flower simulation: CPUs per ClientApp actor")
+    client_num_gpus: float = Field(0.0, ge=0.0, description="Flower simulation: GPUs per ClientApp actor")
+    round_timeout_s: float = Field(600.0, gt=0.0, description="seconds to wait for a round's replies; missing ones count as failed")
+
+
+#: Keys of the flat [federated] section before it was split: old key -> where it lives now.
+MOVED_FEDERATED_KEYS = {
+    **{k: f"federated.dp.{k}" for k in ("noise_multiplier", "target_epsilon", "delta", "epsilon_budget", "accountant", "adaptive_clip",
+                                          "target_unclipped_quantile", "clip_learning_rate", "clip_count_stddev")},
+    "client_clip_norm": "federated.client_dp.clip_norm",
+    "client_noise_multiplier": "federated.client_dp.noise_multiplier",
+    "client_delta": "federated.client_dp.delta",
+    **{k: f"federated.flower.{k}" for k in ("num_supernodes", "users_per_message", "sum_on_client", "client_num_cpus", "client_num_gpus", "round_timeout_s")},
+}
+
 
 class FederatedConfig(_Strict):
     """Federated training (a ``[federated]`` section; ``fedpriv train federated`` needs it).
 
     Each round the server samples a cohort of users, each sampled user runs ``local_epochs`` of
     minibatch SGD from the global model and returns its model delta, the strategy aggregates the
-    deltas and the server optimizer applies the aggregate as a pseudo-gradient.
+    deltas and the server optimizer applies the aggregate as a pseudo-gradient. DP-FedAvg's
+    privacy is ``[federated.dp]``, client-side DP-SGD ``[federated.client_dp]``, the Flower
+    engine's settings ``[federated.flower]``.
     """
 
     rounds: int = Field(..., ge=1, description="R: training rounds")
@@ -153,29 +218,40 @@ class FederatedConfig(_Strict):
     server_learning_rate: float = Field(1.0, gt=0.0)
     server_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="for server_optimizer = momentum")
     clip_norm: float | None = Field(None, gt=0.0, description="S: L2 clip of each user's delta (fedavg-clip, dp-fedavg)")
-    noise_multiplier: float | None = Field(None, ge=0.0, description="z: noise std z*S on the clipped sum (dp-fedavg; or give target_epsilon)")
-    target_epsilon: float | None = Field(None, gt=0.0, description="calibrate z to reach this epsilon after all rounds")
-    delta: float | None = Field(None, gt=0.0, lt=1.0, description="user-level delta (dp-fedavg)")
-    epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a round would exceed this epsilon")
-    accountant: Literal["rdp", "pld"] = "rdp"
-    adaptive_clip: bool = Field(False, description="adapt S to a quantile of the delta norms (Andrew et al. 2021)")
-    target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
-    clip_learning_rate: float = Field(0.2, gt=0.0)
-    clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
-    client_clip_norm: float | None = Field(None, gt=0.0, description="client-side DP-SGD: per-example L2 clip C inside each client (record-level DP)")
-    client_noise_multiplier: float | None = Field(None, gt=0.0, description="client-side DP-SGD: noise std sigma*C on each local step's clipped sum")
-    client_delta: float | None = Field(None, gt=0.0, lt=1.0, description="client-side DP-SGD: record-level delta")
     engine: Literal["vectorized", "flower"] = "vectorized"
     chunk_size: int = Field(64, ge=1, description="clients computed together by the vectorized engine (bounds memory)")
-    vectorize: Literal["auto", "vmap", "scan"] = Field("auto", description="vectorized engine: vmap clients (accelerators) or scan them (CPU); auto picks by backend")
+    vectorize: Literal["auto", "vmap", "scan"] = Field("auto", description="a group of users in one call: vmap (accelerators) or scan (CPU); auto picks by backend")
     eval_every: int = Field(5, ge=1, description="rounds between evaluations of the global model")
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
-    num_supernodes: int = Field(4, ge=1, description="Flower simulation: virtual SuperNodes that run the client updates")
-    users_per_message: int = Field(1, ge=1, description="Flower: users a ClientApp trains per message, one after another in one jitted call (fewer messages, less per-message overhead)")
-    sum_on_client: bool = Field(False, description="Flower: a reply carries the clipped (or count-weighted) sum of its users' deltas, not each delta: 1/users_per_message of the bytes; the server then relies on the ClientApp's clipping")
-    client_num_cpus: float = Field(1.0, gt=0.0, description="Flower simulation: CPUs per ClientApp actor")
-    client_num_gpus: float = Field(0.0, ge=0.0, description="Flower simulation: GPUs per ClientApp actor")
-    round_timeout_s: float = Field(600.0, gt=0.0, description="Flower: seconds to wait for a round's replies; missing ones count as failed")
+    dp: FederatedDPConfig | None = Field(None, description="DP-FedAvg's user-level DP")
+    client_dp: ClientDPConfig | None = Field(None, description="client-side DP-SGD (record-level)")
+    flower: FlowerConfig = Field(default_factory=FlowerConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            for key, new in MOVED_FEDERATED_KEYS.items():
+                if key in raw:
+                    raise ValueError(f"federated.{key} is now {new} (the [federated] section has sub-tables dp, client_dp and flower)")
+        return raw
+
+    @model_validator(mode="after")
+    def _strategy(self) -> "FederatedConfig":
+        """Each strategy takes exactly the keys it uses (refused here, before any data is read)."""
+        s = self.strategy
+        if s == "fedavg":
+            if self.clip_norm is not None or self.dp is not None:
+                given = "clip_norm" if self.clip_norm is not None else "[federated.dp]"
+                raise ValueError(f"strategy = 'fedavg' takes no clipping or privacy keys (got {given}); use 'fedavg-clip' or 'dp-fedavg'")
+            return self
+        if self.clip_norm is None:
+            raise ValueError(f"strategy = {s!r} needs clip_norm (S, the L2 bound on each user's delta)")
+        if s == "fedavg-clip" and self.dp is not None:
+            raise ValueError("strategy = 'fedavg-clip' adds no noise, so [federated.dp] has no meaning; use 'dp-fedavg'")
+        if s == "dp-fedavg" and self.dp is None:
+            raise ValueError("strategy = 'dp-fedavg' needs a [federated.dp] table: delta, and noise_multiplier or target_epsilon")
+        return self
 
 
 class CanariesConfig(_Strict):
@@ -243,9 +319,6 @@ class PrivatizeConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "PrivatizeConfig":
-        from fedpriv.errors import FedprivError
-        from fedpriv.privacy.local.corpus import check_text_mechanism
-
         try:  # impossible parameters are refused before any data is read
             check_text_mechanism(self.mechanism, self.eta, self.t, self.k)
         except FedprivError as e:
@@ -277,9 +350,7 @@ def _config_error(e: ValidationError, origin: str, plain: bool = False) -> Confi
     problems = []
     for err in e.errors():
         where = _path_of(err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        if plain:
-            msg = msg.removeprefix("Value error, ")
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
         problems.append(msg if plain and not err["loc"] else f"{where}: {msg}")
     more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
     return ConfigError(f"{origin}: {problems[0]}{more}")
@@ -318,12 +389,6 @@ class MeasureConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "MeasureConfig":
-        import re
-
-        from fedpriv.errors import FedprivError
-        from fedpriv.privacy.local.corpus import check_text_mechanism
-        from fedpriv.privacy.local.mechanisms import check_eta
-
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$", self.name):
             raise ValueError(f"name {self.name!r} must be letters, digits and _.=+- (it names a directory)")
         if isinstance(self.sample, int) and self.sample < 1:

@@ -23,24 +23,26 @@ that variance with the shared :func:`fedpriv.privacy.aggregate.noise_and_normali
 from __future__ import annotations
 
 import math
-from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedpriv.central.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
-from fedpriv.central.trainer import Stepper, gather, step_key_base
+from fedpriv.central.sgd import CentralStepper
 from fedpriv.config import PrivacyConfig, TrainingConfig
 from fedpriv.errors import FedprivError, PrivacyParameterError
-from fedpriv.privacy.accounting import GaussianSteps, resolve_noise_multiplier, steps_within_budget
+from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, noise_and_normalize
-from fedpriv.privacy.ledger import PrivacyLedger
-from fedpriv.tasks.base import Batch, Params, Task
+from fedpriv.privacy.budget import DPBudget
+from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
+from fedpriv.rundir import LEDGER, RunDir
+from fedpriv.tasks.base import Batch, Task
+from fedpriv.training.loop import gather, step_key_base
 
 
-class DPSGDStepper(Stepper):
+class DPSGDStepper(CentralStepper):
     """One DP-SGD step per logical batch (see the module docstring)."""
 
     def __init__(
@@ -54,10 +56,11 @@ class DPSGDStepper(Stepper):
         total_steps: int,
         log=None,  # noqa: ANN001
     ):
-        self.task, self.train, self.cfg, self.dp, self.tx, self.seed = task, train, cfg, dp, tx, seed
-        say = log or (lambda _m: None)
         n = len(train["mask"])
         b_logical = cfg.batch_size
+        super().__init__(task, cfg, total_steps, max(1, math.ceil(n / b_logical)), tx)
+        self.train, self.dp, self.seed = train, dp, seed
+        say = log or (lambda _m: None)
         check_clip_norm(dp.clip_norm, "privacy.clip_norm")
         if dp.sampling == "fixed" and b_logical > n:
             raise PrivacyParameterError(f"training.batch_size = {b_logical} > {n} records: a fixed-size batch needs B <= N")
@@ -78,21 +81,11 @@ class DPSGDStepper(Stepper):
         shards = self.P if dp.noise_mode in ("per-shard", "per-micro-step") else 1
         micro = self.T if dp.noise_mode == "per-micro-step" else 1
         self.draws = shards * micro
-        if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
-            raise PrivacyParameterError("privacy: give exactly one of noise_multiplier or target_epsilon")
         template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, "example", shards, micro)
-        sigma = resolve_noise_multiplier(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, say)
-        self.sigma = sigma
-        self.event = GaussianSteps(dp.sampling, sigma, n, b_logical, 1, "example", shards, micro) if sigma > 0 else None
-        if self.event is None:
+        self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say)
+        self.sigma = self.budget.noise_multiplier
+        if self.budget.event is None:
             say("noise multiplier 0: clipping only, no privacy guarantee")
-        self.max_steps: int | None = None
-        if dp.epsilon_budget is not None:
-            if self.event is None:
-                raise PrivacyParameterError("privacy.epsilon_budget needs a noise multiplier > 0")
-            self.max_steps = steps_within_budget(self.event, dp.epsilon_budget, dp.delta, dp.accountant, total_steps, "privacy.epsilon_budget", "step", say)
-        self.ledger = PrivacyLedger()
-        self.steps_per_epoch = max(1, math.ceil(n / b_logical))
         self.q = b_logical / n
         self.base_key = step_key_base(seed)
         self._clip = self._choose_clipping(say)
@@ -140,9 +133,6 @@ class DPSGDStepper(Stepper):
         self._apply = jax.jit(apply)
 
     # ---- the Stepper interface ---------------------------------------------------------------------
-    def init_state(self, params: Params) -> dict:
-        return {"params": params, "opt_state": self.tx.init(params)}
-
     def sample(self, step: int) -> np.ndarray:
         """Record indices of step ``step``'s logical batch (deterministic by seed and step)."""
         n = len(self.train["mask"])
@@ -151,7 +141,7 @@ class DPSGDStepper(Stepper):
             return np.flatnonzero(rng.random(n) < self.q)
         return np.sort(rng.choice(n, size=self.cfg.batch_size, replace=False))
 
-    def step(self, state: dict, step: int) -> tuple[dict, jax.Array]:
+    def step(self, state: dict, step: int) -> tuple[dict, dict[str, Any]]:
         idx = self.sample(step)
         key = jax.random.fold_in(self.base_key, step)
         if self._sharding is not None:
@@ -166,34 +156,17 @@ class DPSGDStepper(Stepper):
             acc, ls, c = self._accumulate(state["params"], acc, batch, jax.random.fold_in(key, k + 1))
             loss_sum, count = loss_sum + ls, count + c
         state = self._apply(state, acc, jax.random.fold_in(key, 0))
-        if self.event is not None:
-            self.ledger.record(self.event)
-        return state, loss_sum / jnp.maximum(count, 1.0)
+        self.budget.record()
+        return state, {"loss": float(loss_sum / jnp.maximum(count, 1.0))}
 
-    def after_step(self, done: int) -> str | None:
-        if self.max_steps is not None and done >= self.max_steps:
-            a = self.answer()
-            return f"stopping after step {done}: one more step would take epsilon above the budget {self.dp.epsilon_budget} ({a['guarantee']})"
-        return None
+    def stop_reason(self, done: int) -> str | None:
+        return self.budget.stop_reason(done)
 
-    def answer(self) -> dict:
-        if self.event is None or not self.ledger.entries:
-            return {"epsilon": None, "delta": self.dp.delta, "guarantee": "none (noise multiplier 0)" if self.event is None else "no steps yet"}
-        return self.ledger.epsilon(self.dp.delta, self.dp.accountant).to_json()
+    def privacy_report(self) -> dict[str, Any]:
+        return self.budget.report()
 
-    def report(self, done: int) -> dict:
-        a = self.answer()
-        return {"epsilon": a["epsilon"], "delta": a["delta"], "guarantee": a["guarantee"], "basis": self.event.basis() if self.event is not None else "no noise"}
+    def save(self, run: RunDir, done: int) -> None:
+        self.budget.save(run.file(LEDGER))
 
-    def save(self, run_dir: Path, done: int) -> None:
-        self.ledger.save(run_dir)
-
-    def resume(self, run_dir: Path, done: int) -> None:
-        if self.event is None:
-            return
-        ledger = PrivacyLedger.load(run_dir)
-        if ledger.steps != done:
-            raise FedprivError(f"{run_dir}: the privacy ledger holds {ledger.steps} steps but the checkpoint is at step {done}")
-        if ledger.entries and not ledger.entries[-1].same_mechanism(self.event):
-            raise FedprivError(f"{run_dir}: the privacy ledger was recorded with other DP parameters; use a new run directory")
-        self.ledger = ledger
+    def resume(self, run: RunDir, done: int) -> None:
+        self.budget.resume(run.file(LEDGER), done)

@@ -16,7 +16,7 @@ Written files (see :func:`write_report`)::
                                      epsilon and the fine-tuned F1 (:mod:`fedpriv.report.chain`)
     measurements.md                  when the store has [[measure]] results (STORE/measure/): per
     deniability-NAME.png             measurement, N_w / S_w / inversion accuracy per eta, and the
-                                     N_w / S_w plot (:mod:`fedpriv.report.measure_runs`)
+                                     N_w / S_w plot (:mod:`fedpriv.report.measurements`)
 
 Everything is read back from the store's files (``experiment.json``, each run's ``summary.json``,
 ``audit.json`` and ``privacy_ledger.json``); nothing is retrained. The table-building functions
@@ -40,11 +40,14 @@ from typing import Any
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import read_json
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
-from fedpriv.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.report import plots
+from fedpriv.report.chain import chains_markdown
+from fedpriv.report.measurements import write_measurements
+from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir
 
 REPORT_DIR = "report"
 MAX_CURVES = 12  # DP runs drawn in epsilon_vs_parameters.png (one row of panels each)
-EXPERIMENT_FILE, SUMMARY_FILE, AUDIT_FILE = "experiment.json", "summary.json", "audit.json"
 NOT_PRIVATE = "not private"
 PLOT_FILES = {
     "memorized_by_configuration.png": "RS-memorized canaries by configuration",
@@ -78,24 +81,24 @@ class StoreContents:
 def read_store(store: Path) -> StoreContents:
     """Read ``experiment.json`` and every finished run's summary, audit rows and privacy ledger.
     FedprivError when ``store`` is not a run store (no ``experiment.json``)."""
-    exp_path = store / EXPERIMENT_FILE
+    exp_path = store / EXPERIMENT
     if not exp_path.is_file():
-        raise FedprivError(f"{store}: not a run store (no {EXPERIMENT_FILE}); make one with fedpriv run EXPERIMENT.toml --out {store}")
+        raise FedprivError(f"{store}: not a run store (no {EXPERIMENT}); make one with fedpriv run EXPERIMENT.toml --out {store}")
     exp = read_json(exp_path, "experiment file")
     if not isinstance(exp, dict) or not isinstance(exp.get("runs"), list):
         raise FedprivError(f"{exp_path}: no list of runs")
     out = StoreContents(str(exp.get("name", store.name)), exp["runs"])
     for run in out.runs:
-        run_dir = store / run["name"]
-        if not (run_dir / SUMMARY_FILE).is_file():
+        rd = RunDir(store / run["name"])
+        if not rd.has_summary():
             continue
-        out.summaries[run["name"]] = read_json(run_dir / SUMMARY_FILE, "run summary")
-        if (run_dir / AUDIT_FILE).is_file():
-            audit = read_json(run_dir / AUDIT_FILE, "audit report")
+        out.summaries[run["name"]] = rd.summary()
+        if rd.has(AUDIT_JSON):
+            audit = rd.read_json(AUDIT_JSON, "audit report")
             out.canaries[run["name"]] = list(audit.get("canaries", []))
             out.audit_settings = out.audit_settings or dict(audit.get("settings", {}))
-        if (run_dir / LEDGER_FILE).is_file():
-            out.ledgers[run["name"]] = PrivacyLedger.load(run_dir / LEDGER_FILE).entries
+        if rd.has(LEDGER):
+            out.ledgers[run["name"]] = PrivacyLedger.load(rd.file(LEDGER)).entries
     return out
 
 
@@ -453,7 +456,7 @@ def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]
             continue
         events = contents.ledgers.get(run["name"])
         if not events:
-            notes.append(f"{run['name']}: no {LEDGER_FILE}, so no epsilon curves.")
+            notes.append(f"{run['name']}: no {LEDGER}, so no epsilon curves.")
             continue
         if len(events) != 1:
             notes.append(f"{run['name']}: the ledger has {len(events)} mechanisms; epsilon curves need one.")
@@ -470,7 +473,6 @@ def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]
 def write_report(store: str | os.PathLike[str]) -> Path:
     """Write STORE/report/ (the files in the module docstring) and return that directory.
     FedprivError when STORE has no experiment.json."""
-    from fedpriv.report import plots
 
     store = Path(store)
     contents = read_store(store)
@@ -510,14 +512,12 @@ def write_report(store: str | os.PathLike[str]) -> Path:
     if points:
         plots.plot_utility_vs_epsilon(points, out / "utility_vs_epsilon.png")
         drawn.append("utility_vs_epsilon.png")
-    from fedpriv.report.chain import chains_markdown
 
     chains = chains_markdown(contents.summaries)
     (out / "chains.md").unlink(missing_ok=True)
     if chains:
         (out / "chains.md").write_text(chains, encoding="utf-8")
         notes.append("Runs start from earlier runs: chains.md has each pretrained encoder's stages, composed epsilon and fine-tuned F1.")
-    from fedpriv.report.measure_runs import write_measurements
 
     if write_measurements(store, out) is not None:
         notes.append("Local privacy measurements (plausible deniability N_w / S_w, token inversion accuracy per eta): [measurements.md](measurements.md).")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +20,8 @@ import optax
 
 from fedpriv.data.examples import Example
 from fedpriv.models.capture import apply_model
-from fedpriv.models.nwp import PRESETS, NWPConfig, NWPLSTM
+from fedpriv.models.nwp import NWPLSTM, PRESETS, NWPConfig
+from fedpriv.rundir import WORD_VOCAB
 from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.vocab.word import WordVocab
 
@@ -33,6 +35,10 @@ class NWPTask(Task):
         cfg = PRESETS[model] if isinstance(model, str) else model
         self.cfg = NWPConfig(**{**cfg.__dict__, "vocab_size": len(vocab)})
         self.model = NWPLSTM(self.cfg)
+
+    def save_assets(self, run_dir) -> None:
+        """The word vocabulary (``vocab.json``): the run's ids read back without the corpus."""
+        self.vocab.save(Path(run_dir) / WORD_VOCAB)
 
     def init_params(self, rng: jax.Array) -> Params:
         return self.model.init(rng, jnp.zeros((1, self.seq_len), jnp.int32))["params"]

@@ -1,0 +1,124 @@
+"""From an experiment config to what a trainer consumes: corpora, the task, encoded arrays.
+
+``prepare`` resolves the source, filters users, picks the evaluation data (``data.eval_source``,
+or users held out by a stable hash of their id), builds the task on the training users only (so
+evaluation data never shapes the vocabulary). With a ``[canaries]`` section it then plants the
+canaries in the training users (the vocabulary stays the clean one; see
+:mod:`fedpriv.memorization.canaries`) and encodes the planted records, so central and federated
+runs of one experiment see identical data. ``data.users = "iid"`` then reshards the planted
+records over users of the same sizes (the IID control of Thakkar et al. 2021).
+
+With a ``[privatize]`` section, :func:`load_training_corpora` replaces every word of the training
+users (after the held-out split and the user filters) by its locally privatized version (M_txt or
+Vickrey, :mod:`fedpriv.runner.privatize`), before the task is built: the vocabulary, the model and
+every engine see only privatized text, the evaluation data stays the original. Whatever rebuilds
+a run's task from its config (an audit) goes through the same function, so it rebuilds the same
+vocabulary (the mechanism is deterministic given ``privatize.seed``). The record of the mechanism and its guarantee goes to the run
+directory's ``privatize.json`` (:meth:`fedpriv.training.prepared.Prepared.save_assets`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from fedpriv.config import ExperimentConfig, load_config
+from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.data.sources import open_corpus
+from fedpriv.errors import ConfigError, FedprivError
+from fedpriv.memorization.canaries import plant_canaries
+from fedpriv.rundir import RunDir
+from fedpriv.runner.privatize import privatize_training_corpus
+from fedpriv.tasks.base import Batch, Task
+from fedpriv.tasks.registry import build_task
+from fedpriv.training.prepared import Prepared
+
+ENCODE_CHUNK = 4096
+
+
+def encode_corpus(task: Task, corpus: FederatedCorpus) -> Batch:
+    """All records of ``corpus`` (users in order) encoded by ``task``, in chunks."""
+    chunks: list[Batch] = []
+    buf = []
+    for ex in corpus.records():
+        buf.append(ex)
+        if len(buf) == ENCODE_CHUNK:
+            chunks.append(task.encode(buf))
+            buf = []
+    if buf:
+        chunks.append(task.encode(buf))
+    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def check_privatize(cfg: ExperimentConfig) -> None:
+    """Refuse a ``[privatize]`` section that cannot work, before any data is read (its parameters
+    were checked when the config was validated): embeddings that are not there, an unresolved
+    ``run:NAME`` reference, canaries (they would be planted after privatization, in the clear)."""
+    p = cfg.privatize
+    if p is None:
+        return
+    if p.embeddings.startswith("run:"):
+        raise ConfigError(
+            f"privatize.embeddings = {p.embeddings!r}: a run reference is resolved by `fedpriv run` in an experiment file "
+            "(to that run's directory in the store); give the path of a run directory or a GloVe-style file here"
+        )
+    where = Path(p.embeddings)
+    if not where.exists():
+        raise ConfigError(f"privatize.embeddings: {p.embeddings}: no such run directory or embeddings file")
+    if where.is_dir() and p.max_words is not None:
+        raise ConfigError("privatize.max_words applies to a GloVe-style file, not to a run directory")
+    if where.is_dir() and not RunDir(where).has_params():
+        raise ConfigError(f"privatize.embeddings: {p.embeddings}: the run has no final parameters (params.msgpack); finish it first")
+    if cfg.canaries is not None:
+        raise ConfigError(
+            "[privatize] with [canaries] is not supported: canaries are planted after the vocabulary is built, so they "
+            "would reach training unprivatized, and their memorization would not measure the local mechanism"
+        )
+
+
+def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> tuple[FederatedCorpus, dict[str, FederatedCorpus]]:
+    """(training users, evaluation corpora by name) of ``cfg``: loaded, filtered, split; with a
+    ``[privatize]`` section the training users' words privatized (``train.info["privatized"]``
+    holds the record)."""
+    check_privatize(cfg)
+    d = cfg.data
+    log(f"loading {d.source} ...")
+    corpus = open_corpus(d.source, format=d.format, **d.options)
+    if d.min_examples > 1:
+        corpus = corpus.with_min_examples(d.min_examples)
+    if d.max_examples_per_user is not None:
+        corpus = corpus.truncated(d.max_examples_per_user)
+    evals: dict[str, FederatedCorpus] = {}
+    if d.eval_source is not None:
+        evals["eval"] = open_corpus(d.eval_source, **d.eval_options)
+        if evals["eval"].kind != corpus.kind:
+            raise FedprivError(f"data.eval_source holds {evals['eval'].kind} examples but data.source holds {corpus.kind} ones")
+    elif d.heldout_fraction > 0:
+        corpus, evals["heldout"] = corpus.split_heldout_users(d.heldout_fraction, salt=f"{cfg.name}:{cfg.seed}")
+    if cfg.privatize is not None:
+        settings = cfg.privatize.model_copy(update={"seed": cfg.seed if cfg.privatize.seed is None else cfg.privatize.seed})
+        corpus, record = privatize_training_corpus(corpus, settings, log)
+        corpus.info["privatized"] = record
+    return corpus, evals
+
+
+def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[str], None] | None = None) -> Prepared:
+    """Load, filter, split, build the task and encode (see the module docstring)."""
+    cfg = config if isinstance(config, ExperimentConfig) else load_config(Path(config))
+    say = log or (lambda _msg: None)
+    train, evals = load_training_corpora(cfg, say)
+    privatized = train.info.get("privatized")
+    say(f"{train.num_users} training users, {train.num_examples} examples; building the {cfg.task.kind} task ...")
+    task = build_task(cfg, train)
+    manifest = None
+    if cfg.canaries is not None:
+        train, manifest = plant_canaries(train, task, cfg.canaries, cfg.seed, cfg.task.kind, say)
+    if cfg.data.users == "iid":
+        train = train.resharded_iid(cfg.seed)
+        say(f"users resharded IID: {train.num_users} users keep their example counts, records shuffled")
+    arrays = encode_corpus(task, train)
+    eval_arrays = {name: encode_corpus(task, c) for name, c in evals.items()}
+    return Prepared(cfg, train, evals, task, arrays, eval_arrays, manifest, privatized)

@@ -1,0 +1,91 @@
+"""A finished run's summary, read back from its run directory (:mod:`fedpriv.rundir`): the one
+builder of what ``summary.json``, the report and ``fedpriv train``'s printout say about a run."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from fedpriv.config import ExperimentConfig
+from fedpriv.rundir import PRIVATIZE, TOKENIZER, VOCABULARY, RunDir
+from fedpriv.strategies.server import STRATEGY_LABELS
+from fedpriv.tasks.nwp import unigram_perplexity
+from fedpriv.training.loop import LoopResult
+from fedpriv.training.prepared import Prepared
+
+
+def run_summary(
+    name: str,
+    kind: str,
+    c: ExperimentConfig,
+    run_dir: str | os.PathLike[str],
+    seconds: float | None = None,
+    starts_from: dict[str, str] | None = None,
+    engine: str | None = None,
+) -> dict[str, Any]:
+    """What the report needs about a finished run, read back from its files: the last evaluation,
+    the last epsilon with its guarantee, the audit summary; for BERT runs the vocabulary's record
+    (its source and DP guarantee, from ``tokenizer.json``) and the runs it starts from
+    (``starts_from``: task option -> run name), which the chain report composes. ``engine``: the
+    engine a federated run used, when not its config's."""
+    run = RunDir(run_dir)
+    rows = run.metrics()
+    train = [r for r in rows if r.get("split") == "train"]
+    evals = [r for r in rows if r.get("split") not in (None, "train")]
+    out: dict[str, Any] = {"name": name, "kind": kind, "users": c.data.users, "task": c.task.kind, "data_source": c.data.source}
+    if c.data.eval_source:
+        out["eval_source"] = c.data.eval_source
+    if starts_from:
+        out["starts_from"] = dict(starts_from)
+    if run.has(PRIVATIZE):  # local privatization of the training text, with its guarantee
+        out["privatize"] = run.read_json(PRIVATIZE)
+    if run.has(VOCABULARY):  # the run learned its vocabulary: the full record (raw-data figures included)
+        out["vocabulary"] = run.read_json(VOCABULARY)
+    elif run.has(TOKENIZER):  # inherited with the tokenizer: what a released tokenizer carries
+        out["vocabulary"] = run.read_json(TOKENIZER).get("vocabulary")
+    if kind == "central":
+        out.update(algorithm="DP-SGD" if c.privacy else "SGD", order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
+        if c.privacy:
+            out.update(noise_multiplier_config=c.privacy.noise_multiplier, clip_norm=c.privacy.clip_norm, sampling=c.privacy.sampling)
+    else:
+        f = c.federated
+        out.update(algorithm=STRATEGY_LABELS[f.strategy], clients_per_round=f.clients_per_round, rounds=train[-1]["round"] if train else 0, engine=engine or f.engine)
+        if f.clip_norm is not None:
+            out["clip_norm"] = f.clip_norm
+    if train and train[-1].get("epsilon") is not None:  # DP runs only; the ledger has the rest
+        out.update({k: train[-1][k] for k in ("epsilon", "delta", "guarantee")})
+    if train and train[-1].get("client_epsilon") is not None:  # client-side DP-SGD (record-level)
+        out.update({k: train[-1][k] for k in ("client_epsilon", "client_delta", "client_guarantee")})
+    if evals:
+        last_eval = evals[-1]
+        out["eval_split"] = last_eval["split"]
+        out.update({f"eval_{k}": v for k, v in last_eval.items() if k not in ("split", "step", "round", "epoch")})
+    audit = run.audit_summary()
+    if audit is not None:
+        out["audit"] = audit
+    if seconds is not None:
+        out["seconds"] = seconds
+    return out
+
+
+def train_summary(prepared: Prepared, kind: str, run_dir: str | os.PathLike[str], result: LoopResult, engine: str | None = None) -> dict[str, Any]:
+    """``fedpriv train``'s summary of a run it just trained: the data's facts
+    (:meth:`~fedpriv.training.prepared.Prepared.summary`), then the run's from
+    :func:`run_summary` (final evaluation as ``final_*``, epsilon with its guarantee), whether it
+    stopped early, and for central next-word prediction the held-out unigram perplexity (a
+    baseline any trained model should beat)."""
+    c = prepared.config
+    rs = run_summary(c.name, kind, c, run_dir, engine=engine)
+    out: dict[str, Any] = {**prepared.summary(), "run_dir": str(run_dir)}
+    if kind == "central":
+        out["steps"] = rs["steps"]
+    else:
+        out.update(engine=rs["engine"], strategy=c.federated.strategy, rounds=rs["rounds"])
+    out.update({f"final_{k[len('eval_'):]}": v for k, v in rs.items() if k.startswith("eval_") and k not in ("eval_split", "eval_source")})
+    out.update({k: rs[k] for k in ("epsilon", "delta", "guarantee", "client_epsilon", "client_delta", "client_guarantee") if k in rs})
+    if result.stopped:
+        out["stopped"] = result.stopped
+    if kind == "central" and c.task.kind == "nwp" and prepared.eval_arrays:
+        name = next(iter(prepared.eval_arrays))
+        out[f"{name}_unigram_perplexity"] = unigram_perplexity(prepared.train_arrays["ids"], prepared.eval_arrays[name]["ids"], len(prepared.task.vocab))
+    return out

@@ -1,0 +1,364 @@
+"""The comparison report (fedpriv.report.tables, fedpriv.report.plots).
+
+The slow tests share one real run store, trained once per session (about a minute on 2 cores) by
+fedpriv.report.store.run_experiment from MINI_TOML: two SGD runs (iid, noniid order), DP-SGD,
+FedAvg over iid and natural users, DP-FedAvg. Under pytest-xdist the workers share that store
+(built under a lock by the first). The fast tests use synthetic data only.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from matplotlib.image import imread
+
+from fedpriv.errors import FedprivError
+from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.report import plots
+from fedpriv.rundir import LEDGER
+from fedpriv.report.tables import (
+    NOT_PRIVATE,
+    PLOT_FILES,
+    comparison_rows,
+    comparison_table_lines,
+    configuration_rows,
+    data_label,
+    epsilon_curves,
+    run_accountant,
+    unfinished_runs,
+    write_report,
+)
+
+MINI_TOML = """\
+name = "mini"
+seed = 0
+[data]
+source = "shakespeare"
+heldout_fraction = 0.1
+[vocab]
+size = 1000
+[task]
+kind = "nwp"
+model = "tiny"
+[training]
+optimizer = "adam"
+learning_rate = 0.01
+batch_size = 32
+steps = 60
+eval_every = 30
+checkpoint_every = 30
+[federated]
+rounds = 4
+clients_per_round = 10
+client_learning_rate = 0.5
+local_batch_size = 16
+max_local_steps = 4
+eval_every = 2
+[canaries]
+per_config = 1
+[audit]
+rs_candidates = 2000
+extraction_examples = 50
+
+[[runs]]
+name = "sgd-{order}"
+kind = "central"
+grid = { "training.order" = ["iid", "noniid"] }
+
+[[runs]]
+name = "dp-sgd"
+kind = "central"
+privacy = { clip_norm = 1.0, noise_multiplier = 1.0, delta = 1e-4, sampling = "poisson" }
+
+[[runs]]
+name = "fedavg-{users}"
+kind = "federated"
+grid = { users = ["iid", "natural"] }
+
+[[runs]]
+name = "dp-fedavg"
+kind = "federated"
+federated = { strategy = "dp-fedavg", clip_norm = 0.5, dp = { noise_multiplier = 0.5, delta = 1e-3 } }
+"""
+RUNS = ["sgd-iid", "sgd-noniid", "dp-sgd", "fedavg-iid", "fedavg-natural", "dp-fedavg"]
+DP_RUNS = ["dp-sgd", "dp-fedavg"]
+REPORT_FILES = ["comparison.md", "comparison.csv", "memorized_by_configuration.csv", *PLOT_FILES]
+
+
+# ---- the shared store ----------------------------------------------------------------------------
+def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory this session's xdist workers share (the session's own temp dir without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete run store of MINI_TOML (trained once per session; never modified by tests)."""
+    from fedpriv.runner.store import run_experiment
+
+    root = _shared_root(tmp_path_factory)
+    built, done = root / "report-store", root / "report-store.done"
+    with open(root / "report-store.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            toml = root / "mini.toml"
+            toml.write_text(MINI_TOML)
+            _, _, complete = run_experiment(toml, built)
+            assert complete
+            done.touch()
+    return built
+
+
+def _copy(store: Path, dst: Path) -> Path:
+    shutil.copytree(store, dst, ignore=shutil.ignore_patterns("report"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def report(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """STORE/report of a copy of the complete store."""
+    return write_report(_copy(store, tmp_path_factory.mktemp("report") / "store"))
+
+
+def _summary(store: Path, run: str) -> dict:
+    return json.loads((store / run / "summary.json").read_text())
+
+
+def _audit_rows(store: Path, run: str) -> list[dict]:
+    return json.loads((store / run / "audit.json").read_text())["canaries"]
+
+
+def _csv(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _assert_png(path: Path) -> None:
+    assert path.is_file(), path
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100 and image.shape[2] in (3, 4)
+
+
+# ---- on a real store (slow: trains the store once) -------------------------------------------------------
+@pytest.mark.slow
+def test_every_file_is_written(report):
+    assert report.name == "report"
+    for name in REPORT_FILES:
+        assert (report / name).is_file(), name
+    for name in PLOT_FILES:
+        _assert_png(report / name)
+    md = (report / "comparison.md").read_text()
+    assert md.startswith("# ") and "exposure" in md.lower() and "bits" in md and "assumptions" in md
+    assert "## Memorized canaries by configuration" in md
+    for name, title in PLOT_FILES.items():
+        assert f"![{title}]({name})" in md
+    assert md.index("## Plots") > md.index("## Memorized canaries by configuration")
+    assert "Not finished" not in md and "differs" not in md
+
+
+@pytest.mark.slow
+def test_comparison_rows_match_summaries_and_audits(store, report):
+    rows = _csv(report / "comparison.csv")
+    assert [r["run"] for r in rows] == RUNS  # experiment.json order
+    md = (report / "comparison.md").read_text()
+    for row in rows:
+        s, canaries = _summary(store, row["run"]), _audit_rows(store, row["run"])
+        rs, bs = sum(c["rs_memorized"] for c in canaries), sum(c["bs_memorized"] for c in canaries)
+        assert (int(row["rs_memorized"]), int(row["bs_memorized"]), int(row["canaries"])) == (rs, bs, len(canaries))
+        assert float(row["exposure_max_bits"]) == pytest.approx(max(c["exposure"] for c in canaries))
+        assert float(row["test_accuracy"]) == s["eval_accuracy"] and float(row["test_perplexity"]) == s["eval_perplexity"]
+        assert row["training"] == s["kind"] and row["algorithm"] == s["algorithm"]
+        line = next(line for line in md.splitlines() if line.startswith(f"| {row['run']} |"))
+        assert f"| {rs}/{len(canaries)} | {bs}/{len(canaries)} |" in line
+        if row["run"] in DP_RUNS:
+            assert float(row["epsilon"]) == s["epsilon"] and float(row["delta"]) == s["delta"]
+            assert row["assumptions"] == s["guarantee"] and f"{s['epsilon']:.3g} (δ = {s['delta']:.3g})" in line
+        else:
+            assert row["epsilon"] == "" and row["assumptions"] == NOT_PRIVATE
+            assert line.endswith(f"| ∞ | {NOT_PRIVATE} |")
+    by_run = {r["run"]: r for r in rows}
+    assert (by_run["sgd-iid"]["data"], by_run["sgd-noniid"]["data"]) == ("IID", "non-IID")
+    assert (by_run["fedavg-iid"]["data"], by_run["fedavg-natural"]["data"]) == ("IID", "non-IID")
+    assert (by_run["dp-sgd"]["batch"], by_run["dp-sgd"]["batch_unit"]) == ("32", "records")
+    assert (by_run["dp-fedavg"]["batch"], by_run["dp-fedavg"]["batch_unit"]) == ("10", "users")
+
+
+@pytest.mark.slow
+def test_by_configuration_sums_to_the_totals(store, report):
+    rows = _csv(report / "memorized_by_configuration.csv")
+    md = (report / "comparison.md").read_text()
+    for run in RUNS:
+        s = _summary(store, run)["audit"]
+        mine = [r for r in rows if r["run"] == run]
+        assert {r["configuration"] for r in mine} == set(s["by_configuration"])
+        for r in mine:
+            want = s["by_configuration"][r["configuration"]]
+            assert (int(r["canaries"]), int(r["rs_memorized"]), int(r["bs_memorized"])) == (want["canaries"], want["rs_memorized"], want["bs_memorized"])
+        for key in ("canaries", "rs_memorized", "bs_memorized"):
+            assert sum(int(r[key]) for r in mine) == s["total"][key]
+    all_line = next(line for line in md.splitlines() if line.startswith("| all |"))
+    cells = [c.strip() for c in all_line.strip("|").split("|")][1:]
+    assert cells == [f"RS {_summary(store, r)['audit']['total']['rs_memorized']} / BS {_summary(store, r)['audit']['total']['bs_memorized']} of {_summary(store, r)['audit']['total']['canaries']}" for r in RUNS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", DP_RUNS)
+def test_epsilon_curve_at_the_runs_parameters_is_the_runs_epsilon(store, run):
+    s = _summary(store, run)
+    spec = next(r for r in json.loads((store / "experiment.json").read_text())["runs"] if r["name"] == run)
+    events = PrivacyLedger.load(store / run / LEDGER).entries
+    curves = epsilon_curves(events, s["delta"], run_accountant(spec), s["kind"], points=3)
+    assert curves["epsilon"] == pytest.approx(s["epsilon"], rel=1e-6)
+    assert len(curves["panels"]) == 3
+    for panel in curves["panels"]:
+        i = next(i for i, x in enumerate(panel["x"]) if math.isclose(x, panel["own"], rel_tol=1e-12))
+        assert panel["epsilon"][i] == pytest.approx(s["epsilon"], rel=1e-6), panel["parameter"]
+
+
+@pytest.mark.slow
+def test_an_unfinished_run_is_listed_as_not_finished(store, tmp_path):
+    copy = _copy(store, tmp_path / "store")
+    (copy / "dp-fedavg" / "summary.json").unlink()
+    out = write_report(copy)
+    assert [r["run"] for r in _csv(out / "comparison.csv")] == [r for r in RUNS if r != "dp-fedavg"]
+    md = (out / "comparison.md").read_text()
+    assert "Not finished (no summary.json): dp-fedavg." in md
+    assert not any(line.startswith("| dp-fedavg |") for line in md.splitlines())
+    _assert_png(out / "epsilon_vs_parameters.png")  # dp-sgd is still there
+
+
+@pytest.mark.slow
+def test_without_a_dp_run_the_epsilon_plot_is_skipped_and_said_so(store, tmp_path):
+    copy = _copy(store, tmp_path / "store")
+    for run in DP_RUNS:
+        (copy / run / "summary.json").unlink()
+    out = write_report(copy)
+    md = (out / "comparison.md").read_text()
+    assert not (out / "epsilon_vs_parameters.png").exists()
+    assert "epsilon_vs_parameters.png not drawn" in md and "](epsilon_vs_parameters.png)" not in md
+    assert "Not finished (no summary.json): dp-sgd, dp-fedavg." in md
+    for name in ("memorized_by_configuration.png", "exposure_vs_insertions.png", "utility_vs_epsilon.png"):
+        _assert_png(out / name)
+
+
+# ---- fast: no store ------------------------------------------------------------------------------------------
+def test_a_directory_without_experiment_json_is_refused(tmp_path):
+    (tmp_path / "some-run").mkdir()
+    with pytest.raises(FedprivError, match=r"not a run store \(no experiment\.json\)"):
+        write_report(tmp_path)
+    assert not (tmp_path / "report").exists()
+
+
+def _synthetic_summary(name, kind, **kw):
+    audit = {"total": {"canaries": 2, "inserted": 2, "rs_memorized": 1, "bs_memorized": 0, "exposure_mean": 3.0, "exposure_max": 5.0}, "by_configuration": {}}
+    return {"name": name, "kind": kind, "users": "natural", "eval_accuracy": 0.2, "eval_perplexity": 90.0, "audit": audit, **kw}
+
+
+def test_rows_are_pure_and_label_the_data():
+    runs = [{"name": n, "kind": k} for n, k in [("a", "central"), ("b", "federated"), ("c", "central"), ("late", "federated")]]
+    summaries = {
+        "a": _synthetic_summary("a", "central", algorithm="SGD", order="noniid", batch_size=64),
+        "b": _synthetic_summary("b", "federated", algorithm="DP-FedAvg", users="iid", clients_per_round=50, epsilon=2.5, delta=1e-5, guarantee="user-level, replace-one"),
+        "c": _synthetic_summary("c", "central", algorithm="SGD", order="iid", batch_size=8, epsilon=None, guarantee="none (no noise)"),
+    }
+    rows = comparison_rows(runs, summaries)
+    assert [r["run"] for r in rows] == ["a", "b", "c"] and unfinished_runs(runs, summaries) == ["late"]
+    assert [r["data"] for r in rows] == ["non-IID", "IID", "IID"]
+    assert [(r["batch"], r["batch_unit"]) for r in rows] == [(64, "records"), (50, "users"), (8, "records")]
+    assert [r["assumptions"] for r in rows] == [NOT_PRIVATE, "user-level, replace-one", NOT_PRIVATE]
+    assert (rows[1]["epsilon"], rows[1]["delta"]) == (2.5, 1e-5) and rows[2]["epsilon"] is None
+    assert data_label({"kind": "federated", "users": "natural"}) == "non-IID"
+
+
+def test_client_side_dp_shows_its_record_level_epsilon():
+    runs = [{"name": n, "kind": "federated"} for n in ("client", "both")]
+    client = {"client_epsilon": 3.0, "client_delta": 1e-5, "client_guarantee": "record-level, add-or-remove-one example: 40 Gaussian steps"}
+    summaries = {
+        "client": _synthetic_summary("client", "federated", algorithm="FedAvg", clients_per_round=5, **client),
+        "both": _synthetic_summary("both", "federated", algorithm="DP-FedAvg", clients_per_round=5, epsilon=8.0, delta=1e-3, guarantee="user-level, replace-one", **client),
+    }
+    one, both = comparison_rows(runs, summaries)
+    assert (one["epsilon"], one["delta"]) == (3.0, 1e-5) and one["assumptions"].startswith("record-level")
+    assert (both["epsilon"], both["delta"]) == (8.0, 1e-3) and both["assumptions"].startswith("user-level") and "record-level" in both["assumptions"]
+
+
+def test_ner_runs_get_an_entity_f1_column():
+    runs = [{"name": "ner", "kind": "central"}, {"name": "nwp", "kind": "central"}]
+    summaries = {"ner": _synthetic_summary("ner", "central", algorithm="SGD", batch_size=32, eval_f1=0.4123), "nwp": _synthetic_summary("nwp", "central", algorithm="SGD", batch_size=32)}
+    rows = comparison_rows(runs, summaries)
+    assert [r["test_f1"] for r in rows] == [0.4123, None]
+    header, _, ner, nwp = comparison_table_lines(rows)
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    col = cells.index("test entity F1 (%)")
+    assert [c.strip() for c in ner.strip("|").split("|")][col] == "41.23" and [c.strip() for c in nwp.strip("|").split("|")][col] == "—"
+    assert "test entity F1 (%)" not in comparison_table_lines(rows[1:])[0]
+
+
+def test_configuration_rows_group_canaries_per_run():
+    canary = lambda p_u, p_e, rs, bs, e: {"p_u": p_u, "p_e": p_e, "rs_memorized": rs, "bs_memorized": bs, "exposure": e, "insertions": 3}  # noqa: E731
+    canaries = {"x": [canary(1e-4, 1.0, True, True, 9.0), canary(1e-4, 1.0, True, False, 7.0), canary(2e-5, 0.1, False, False, 1.0)],
+                "y": [canary(1e-4, 1.0, False, False, 2.0), canary(2e-5, 0.1, True, False, 6.0)]}
+    rows = configuration_rows(["x", "y", "unaudited"], canaries)
+    assert [r["configuration"] for r in rows] == ["p_u=2e-05 p_e=0.1", "p_u=0.0001 p_e=1"]
+    assert rows[1]["cells"]["x"] == {"canaries": 2, "rs_memorized": 2, "bs_memorized": 1, "exposure_mean_bits": 8.0, "exposure_max_bits": 9.0}
+    assert rows[0]["cells"]["y"]["rs_memorized"] == 1 and "unaudited" not in rows[0]["cells"]
+
+
+@pytest.mark.parametrize("kind, event", [
+    ("central", GaussianSteps("poisson", 1.1, 10_000, 64, 500)),
+    ("federated", GaussianSteps("fixed", 0.8, 300, 20.0, 30, "user")),
+    ("central", GaussianSteps("none", 5.0, 100, 100, 10)),
+])
+def test_epsilon_curves_contain_the_events_own_epsilon(kind, event):
+    delta = 1e-5
+    curves = epsilon_curves([event], delta, "rdp", kind, points=3)
+    want = epsilon_for(event, delta, "rdp").epsilon
+    assert curves["epsilon"] == want
+    assert [p["parameter"] for p in curves["panels"]] == ["noise_multiplier", "rounds" if kind == "federated" else "epochs", *(["batch"] if event.sampling != "none" else [])]
+    for p in curves["panels"]:
+        assert len(p["x"]) == len(p["epsilon"]) >= 3
+        assert p["epsilon"][p["x"].index(p["own"])] == pytest.approx(want, rel=1e-12)
+    sigma = curves["panels"][0]
+    assert sigma["epsilon"] == sorted(sigma["epsilon"], reverse=True)  # more noise, less epsilon
+    with pytest.raises(FedprivError, match="one mechanism"):
+        epsilon_curves([event, event.with_steps(2)], delta)
+
+
+def _plot_all(out: Path) -> list[Path]:
+    series = [{"run": "sgd", "private": False, "epsilon": None, "insertions": [0, 3, 30, 30], "exposure": [1.0, 2.0, 12.0, 14.0]},
+              {"run": "dp", "private": True, "epsilon": 0.9, "insertions": [0, 3, 30, 30], "exposure": [1.0, 1.5, 2.0, 1.0]}]
+    panels = [{"label": name, "x": [1.0, 2.0, 4.0], "epsilon": [3.0, 1.0, 0.4], "own": 2.0, "log_x": True} for name in ("σ", "epochs", "batch")]
+    curves = [{"run": "dp", "delta": 1e-5, "accountant": "rdp", "epsilon": 1.0, "panels": panels}]
+    points = [{"run": "sgd", "epsilon": None, "accuracy": 0.25}, {"run": "dp", "epsilon": 0.9, "accuracy": 0.2}, {"run": "dp2", "epsilon": 8.0, "accuracy": 0.22}]
+    out.mkdir()
+    return [
+        plots.plot_memorized_by_configuration(["p_u=1e-05 p_e=0.1", "p_u=0.0001 p_e=1"], ["sgd", "dp"], [[1, 3], [0, 0]], out / "bars.png"),
+        plots.plot_exposure_vs_insertions(series, out / "exposure.png"),
+        plots.plot_epsilon_vs_parameters(curves, out / "epsilon.png"),
+        plots.plot_utility_vs_epsilon(points, out / "utility.png"),
+    ]
+
+
+def test_plots_are_valid_images_and_deterministic(tmp_path):
+    first, second = _plot_all(tmp_path / "a"), _plot_all(tmp_path / "b")
+    for a, b in zip(first, second):
+        _assert_png(a)
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_utility_is_entity_f1_when_runs_have_it():
+    from fedpriv.report.tables import utility_points
+
+    nwp = [{"run": "a", "epsilon": None, "test_accuracy": 0.2, "test_f1": None}]
+    assert utility_points(nwp) == [{"run": "a", "epsilon": None, "accuracy": 0.2, "metric": "held-out accuracy"}]
+    ner = [{"run": "b", "epsilon": 3.0, "test_accuracy": 0.92, "test_f1": 0.14}, {"run": "c", "epsilon": None, "test_accuracy": 0.9, "test_f1": None}]
+    assert utility_points(ner) == [{"run": "b", "epsilon": 3.0, "accuracy": 0.14, "metric": "entity F1"}]  # token accuracy is mostly the O tag
