@@ -37,6 +37,8 @@ from fedpriv.vocab.dp_histogram import mechanism_params
 
 #: A string value ``"run:NAME"`` names another run of the same experiment file (resolved by the run store).
 RUN_REF = "run:"
+#: The evaluation split of the validation users (utility targets, learning-rate choice).
+VALIDATION = "validation"
 
 
 class _Strict(BaseModel):
@@ -47,7 +49,8 @@ class DataConfig(_Strict):
     source: str = Field("shakespeare", min_length=1, description="SOURCE spec: shakespeare, synthetic:..., or a path")
     format: str | None = Field(None, description="override the format guessed from the path")
     options: dict[str, Any] = Field(default_factory=dict, description="loader options")
-    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of users held out (0 = none)")
+    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of users held out as the test users (0 = none)")
+    validation_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="fraction of the remaining users held out as validation users (utility targets, learning-rate choice; never the test users)")
     min_examples: int = Field(1, ge=1, description="drop users with fewer examples")
     max_examples_per_user: int | None = Field(None, ge=1, description="keep each user's first N examples")
     eval_source: str | None = Field(None, min_length=1, description="evaluate on this source instead of held-out users")
@@ -123,7 +126,9 @@ class TrainingConfig(_Strict):
 class PrivacyConfig(_Strict):
     """DP-SGD for central training (a ``[privacy]`` section turns it on)."""
 
-    clip_norm: float = Field(..., gt=0.0, description="C: per-example L2 clip norm")
+    clip_norm: float = Field(..., gt=0.0, description="C: L2 clip norm of each unit's gradient (an example's, or a user's)")
+    unit: Literal["example", "user"] = Field("example", description="the privacy unit: example (each sampled example clipped) or user (users sampled, each user's gradient over examples_per_user of its examples clipped; training.batch_size counts users)")
+    examples_per_user: int = Field(8, ge=1, description="unit = user: examples each sampled user contributes to a step (cycled when it has fewer)")
     noise_multiplier: float | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate sigma to reach this epsilon at the end")
     delta: float = Field(..., gt=0.0, lt=1.0)
@@ -268,6 +273,7 @@ class CanariesConfig(_Strict):
     example_probabilities: list[float] = Field([0.01, 0.1, 1.0], min_length=1, description="p_e values")
     distribution: Literal["uniform", "unigram"] = Field("uniform", description="canary words drawn uniformly from the vocabulary or by training-word frequency")
     min_expected_sharers: float = Field(1.0, ge=0.0, description="scale every p_u by one factor so the smallest expects at least this many sharers (0: never scale)")
+    seed: int | None = Field(None, ge=0, description="seed of the canary draw (words, sharers, insertions); default: the experiment's seed")
     patterns: list[str] = Field(["S", "HS", "HSH", "HHSHH"], min_length=1, description="mlm task: hint/secret patterns (H a hint word, S the secret)")
 
     @model_validator(mode="after")
@@ -294,6 +300,7 @@ class AuditConfig(_Strict):
     extraction_prefix: int = Field(5, ge=1, description="extraction: words given")
     extraction_suffix: int = Field(5, ge=1, description="extraction: words to reproduce greedily")
     mlm_examples: int = Field(20, ge=1, description="masked-LM secret sharer: planted examples per canary whose secret rank is averaged")
+    along: bool = Field(False, description="also audit the parameters saved at every evaluation along training (memorization against utility)")
 
     @model_validator(mode="after")
     def _check(self) -> "AuditConfig":
@@ -326,6 +333,19 @@ class PrivatizeConfig(_Strict):
         return self
 
 
+class UtilityConfig(_Strict):
+    """A common utility target (a ``[utility]`` section): every run trains until its first
+    evaluation on the validation users at or past ``target`` (or until its steps, rounds or
+    epsilon budget end), stops there and is audited there, so runs are compared at matched
+    utility (Thakkar et al. 2021 compare models within one point of accuracy). ``metric``
+    defaults to the task's headline utility (next-token accuracy without OOV and EOS, entity F1,
+    masked-token accuracy), a fraction in [0, 1]."""
+
+    target: float = Field(..., gt=0.0, le=1.0, description="the utility every run trains to (a fraction)")
+    metric: str | None = Field(None, min_length=1, description="the metric (default: the task's headline utility)")
+    split: Literal["validation"] = Field(VALIDATION, description="measured on the validation users (data.validation_fraction), never the test users")
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., min_length=1)
     seed: int = 0
@@ -338,6 +358,13 @@ class ExperimentConfig(_Strict):
     canaries: CanariesConfig | None = None
     privatize: PrivatizeConfig | None = None
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    utility: UtilityConfig | None = None
+
+    @model_validator(mode="after")
+    def _validation_users(self) -> "ExperimentConfig":
+        if self.utility is not None and self.data.validation_fraction == 0.0:
+            raise ValueError("[utility] measures the target on validation users: set data.validation_fraction (e.g. 0.1)")
+        return self
 
 
 def _path_of(loc: tuple) -> str:

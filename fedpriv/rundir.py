@@ -9,7 +9,10 @@ pipeline that made them::
     metrics.jsonl          one JSON object per train row and per evaluation ("step", "split", ...)
     checkpoint.json        the last checkpoint's metadata ("step", "kind", ...), naming
     checkpoint-<step>.msgpack   the state (parameters, optimizer, clip state) as msgpack
-    params.msgpack         the final parameters (written when the run ends or stops at its budget)
+    params.msgpack         the final parameters (written when the run ends, or stops at its budget or
+                           its utility target)
+    params-<step>.msgpack  parameters saved at an evaluation along training (audit.along)
+    audit-<step>.json      the audit of those parameters
     privacy_ledger.json    the DP events recorded so far (:class:`fedpriv.privacy.ledger.PrivacyLedger`)
     canaries.json          the planted canaries (:class:`fedpriv.memorization.canaries.Manifest`)
     privatize.json         the [privatize] stage: mechanism, parameters, embeddings, guarantee
@@ -53,9 +56,17 @@ WORD_VOCAB = "vocab.json"
 TOKENIZER = "tokenizer.json"
 VOCABULARY = "vocabulary.json"
 AUDIT_JSON, AUDIT_MD = "audit.json", "audit.md"
+
+
+def along_audit(step: int) -> str:
+    """The audit of the parameters saved after ``step`` steps or rounds (``audit-<step>.json``)."""
+    return f"audit-{int(step)}.json"
+
 SUMMARY = "summary.json"
 #: A run store's record of its experiment (every run's name, kind and resolved config).
 EXPERIMENT = "experiment.json"
+#: A run store's learning-rate trials (``tune/GROUP/<i>/``) and their records (``tune/GROUP.json``).
+TUNE_DIR = "tune"
 #: A run store's ``[[measure]]`` results: ``measure/NAME/measure.json`` and its plot.
 MEASURE_DIR, MEASURE_FILE, PLOT_FILE = "measure", "measure.json", "deniability.png"
 
@@ -178,6 +189,29 @@ class RunDir:
 
     def has_params(self) -> bool:
         return self.has(PARAMS)
+
+    def write_snapshot(self, step: int, params: Any) -> None:
+        """Parameters after ``step`` steps or rounds, kept for an audit along training."""
+        name = f"params-{int(step)}.msgpack"
+        tmp = self.path / (name + ".partial")
+        tmp.write_bytes(serialization.to_bytes(params))
+        os.replace(tmp, self.path / name)
+
+    def snapshot_steps(self) -> list[int]:
+        """Steps with saved parameters (:meth:`write_snapshot`), in order."""
+        steps = []
+        for p in self.path.glob("params-*.msgpack"):
+            tail = p.name[len("params-") : -len(".msgpack")]
+            if tail.isdigit():
+                steps.append(int(tail))
+        return sorted(steps)
+
+    def load_snapshot(self, step: int, template: Any) -> Any:
+        path = self.path / f"params-{int(step)}.msgpack"
+        try:
+            return serialization.from_bytes(template, path.read_bytes())
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DataFormatError(path, None, f"unreadable parameters ({e})") from None
 
     def read_params_tree(self) -> Any:
         """The final parameters as a raw nested dict of arrays (no template needed)."""

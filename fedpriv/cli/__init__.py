@@ -132,7 +132,7 @@ def config_check(
         exp = read_experiment(path)
         name, specs = exp.name, exp.runs
         if as_json:
-            doc: dict = {"name": name, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}
+            doc: dict = {"name": name, "runs": [s.record() for s in specs]}
             if exp.measures:
                 doc["measures"] = [m.model_dump() for m in exp.measures]
             print(json.dumps(doc, indent=2))

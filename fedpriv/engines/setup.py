@@ -153,6 +153,9 @@ def train_federated(
     ``stop_after``: stop with a checkpoint once this many rounds are done (a kill, for tests)."""
     run = RunDir(run_dir).create()
     setup.prepared.save_assets(run.path)
-    meta = {"kind": "federated", "engine": engine.name, "experiment": setup.config.model_dump()}
+    meta = {"kind": "federated", "engine": engine.name, "experiment": setup.config.model_dump(), "utility": list(setup.task.utility)}
     stepper = RoundStepper(setup, engine)
-    return run_loop(stepper, setup.task, run, setup.seed, meta, setup.prepared.eval_arrays, setup.config.training.eval_batch_size, stop_after, log)
+    return run_loop(
+        stepper, setup.task, run, setup.seed, meta, setup.prepared.eval_arrays, setup.config.training.eval_batch_size, stop_after, log,
+        setup.prepared.target(), setup.config.audit.along,
+    )

@@ -157,3 +157,26 @@ def plot_utility_vs_epsilon(points: Sequence[Mapping[str, Any]], path: str | os.
     else:
         ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def plot_memorization_vs_utility(series: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Two panels, one line per run, a point per audited step along training: mean exposure (bits,
+    left) and RS-memorized canaries (a count, right) against the validation utility (%, x), so
+    runs can be compared at equal utility by eye. Each series: {run, utility (fractions),
+    exposure, rs_memorized, label}."""
+    fig = _figure(11.0, 4.5)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for k, s in enumerate(series):
+        color = SERIES_COLORS[k % len(SERIES_COLORS)]
+        x = [100 * u for u in s["utility"]]
+        left.plot(x, s["exposure"], marker="o", color=color, label=s["run"])
+        if all(v is not None for v in s["rs_memorized"]):
+            right.plot(x, s["rs_memorized"], marker="o", color=color, label=s["run"])
+    label = series[0]["label"] if series else "utility"
+    for ax, ylabel in ((left, "mean exposure (bits)"), (right, "RS-memorized canaries")):
+        ax.set_xlabel(f"validation {label} (%)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("Memorization against utility along training")
+    return _save(fig, path)

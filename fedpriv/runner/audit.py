@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import jax
@@ -27,7 +26,7 @@ from fedpriv.memorization.canaries import Manifest, same_canaries
 from fedpriv.memorization.extraction import extraction, extraction_sets
 from fedpriv.memorization.lm import NWPStepper
 from fedpriv.memorization.mlm_secret import mlm_secret_exposure
-from fedpriv.rundir import AUDIT_JSON, AUDIT_MD, CANARIES, RunDir
+from fedpriv.rundir import AUDIT_JSON, AUDIT_MD, CANARIES, RunDir, along_audit
 from fedpriv.runner.prepare import prepare
 from fedpriv.training.prepared import Prepared
 
@@ -56,16 +55,39 @@ def audit_run(
     log: Callable[[str], None] | None = None,
     prepared: Prepared | None = None,
 ) -> dict[str, Any]:
-    """Run every applicable test on ``run_dir`` and write ``audit.json`` and ``audit.md`` there."""
+    """Run every applicable test on ``run_dir`` and write ``audit.json`` and ``audit.md`` there.
+    With ``audit.along``, the parameters saved at each evaluation along training are audited too
+    (Random Sampling, Beam Search and exposure; no extraction), into ``audit-<step>.json``."""
     say = log or (lambda _m: None)
-    run_dir = Path(run_dir)
-    prepared, params, source = load_run(run_dir, log, prepared)
+    run = RunDir(run_dir)
+    prepared, params, source = load_run(run.path, log, prepared)
+    cfg = prepared.config
+    n_cand = candidates if candidates is not None else cfg.audit.rs_candidates
+    report = audit_model(prepared, params, source, str(run.path), n_cand, say)
+    run.write_json(AUDIT_JSON, report)
+    run.file(AUDIT_MD).write_text(markdown(report))
+    if cfg.audit.along:
+        template = prepared.task.init_params(jax.random.key(0))
+        for step in run.snapshot_steps():
+            name = along_audit(step)
+            if run.has(name):
+                continue
+            say(f"auditing the parameters of step {step} (audit.along)")
+            along = audit_model(prepared, run.load_snapshot(step, template), f"parameters at step {step}", str(run.path), n_cand, say, with_extraction=False)
+            run.write_json(name, {**along, "step": step})
+    return report
+
+
+def audit_model(
+    prepared: Prepared, params: Any, source: str, where: str, candidates: int, say: Callable[[str], None], with_extraction: bool = True
+) -> dict[str, Any]:
+    """The audit report of ``params`` (a model of ``prepared``'s task): per-canary rows and their
+    summary; for next-word prediction also extraction (unless ``with_extraction`` is False)."""
     cfg, task, manifest = prepared.config, prepared.task, prepared.canaries
     assert manifest is not None
-    n_cand = candidates if candidates is not None else cfg.audit.rs_candidates
-    say(f"auditing {run_dir} ({task.name}, {source}): {len(manifest.canaries)} canaries")
-    report: dict[str, Any] = {"run_dir": str(run_dir), "task": task.name, "parameters": source, "settings": cfg.audit.model_dump()}
-    report["settings"]["rs_candidates"] = n_cand
+    say(f"auditing {where} ({task.name}, {source}): {len(manifest.canaries)} canaries")
+    report: dict[str, Any] = {"run_dir": where, "task": task.name, "parameters": source, "settings": cfg.audit.model_dump()}
+    report["settings"]["rs_candidates"] = candidates
     t0 = time.perf_counter()
     if task.name == "nwp":
         if not 1 <= cfg.audit.rs_prefix < cfg.canaries.words:
@@ -73,14 +95,14 @@ def audit_run(
         stepper = NWPStepper(task, params)
         rows = []
         for i in range(len(manifest.canaries)):
-            rows.append(audit_nwp_canary(stepper, manifest, i, cfg, n_cand))
+            rows.append(audit_nwp_canary(stepper, manifest, i, cfg, candidates))
             done = i + 1
             eta = (time.perf_counter() - t0) / done * (len(manifest.canaries) - done)
             r = rows[-1]
             say(f"canary {done}/{len(manifest.canaries)} {r['id']}: RS rank {r['rs_rank']:,}/{r['rs_candidates'] + 1:,}, BS {'yes' if r['bs_memorized'] else 'no'}, exposure {r['exposure']:.1f} bits; ~{eta:.0f} s left")
         report["canaries"] = rows
         a = cfg.audit
-        if a.extraction_examples > 0:
+        if with_extraction and a.extraction_examples > 0:
             if a.extraction_prefix + a.extraction_suffix > task.seq_len:
                 raise FedprivError(f"audit.extraction_prefix + extraction_suffix ({a.extraction_prefix + a.extraction_suffix}) exceeds vocab.seq_len ({task.seq_len})")
             sets = extraction_sets(prepared.train, prepared.eval, manifest, a.extraction_prefix, a.extraction_suffix, a.extraction_examples, cfg.seed)
@@ -92,8 +114,4 @@ def audit_run(
         raise FedprivError(f"no memorization test for task {task.name!r} (audits cover nwp and mlm)")
     report["summary"] = summarize(report["canaries"], task.name)
     report["seconds"] = time.perf_counter() - t0
-    RunDir(run_dir).write_json(AUDIT_JSON, report)
-    (run_dir / AUDIT_MD).write_text(markdown(report))
     return report
-
-

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedpriv.config import ExperimentConfig, load_config
+from fedpriv.config import VALIDATION, ExperimentConfig, load_config
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.sources import open_corpus
 from fedpriv.errors import ConfigError, FedprivError
@@ -98,6 +98,8 @@ def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> 
             raise FedprivError(f"data.eval_source holds {evals['eval'].kind} examples but data.source holds {corpus.kind} ones")
     elif d.heldout_fraction > 0:
         corpus, evals["heldout"] = corpus.split_heldout_users(d.heldout_fraction, salt=f"{cfg.name}:{cfg.seed}")
+    if d.validation_fraction > 0:
+        corpus, evals[VALIDATION] = corpus.split_heldout_users(d.validation_fraction, salt=f"{cfg.name}:{cfg.seed}:validation")
     if cfg.privatize is not None:
         settings = cfg.privatize.model_copy(update={"seed": cfg.seed if cfg.privatize.seed is None else cfg.privatize.seed})
         corpus, record = privatize_training_corpus(corpus, settings, log)
@@ -115,7 +117,8 @@ def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[st
     task = build_task(cfg, train)
     manifest = None
     if cfg.canaries is not None:
-        train, manifest = plant_canaries(train, task, cfg.canaries, cfg.seed, cfg.task.kind, say)
+        canary_seed = cfg.seed if cfg.canaries.seed is None else cfg.canaries.seed
+        train, manifest = plant_canaries(train, task, cfg.canaries, canary_seed, cfg.task.kind, say)
     if cfg.data.users == "iid":
         train = train.resharded_iid(cfg.seed)
         say(f"users resharded IID: {train.num_users} users keep their example counts, records shuffled")

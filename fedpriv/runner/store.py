@@ -29,13 +29,14 @@ from typing import Any
 from fedpriv.config import validate_config
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import write_json_atomic
-from fedpriv.rundir import EXPERIMENT, RUN_CONFIG, RunDir
+from fedpriv.rundir import EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir
 from fedpriv.runner.audit import audit_run
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs
 from fedpriv.runner.measure import check_measures, run_measures
 from fedpriv.runner.prepare import prepare
 from fedpriv.runner.summary import run_summary
+from fedpriv.runner.tune import tune_run, tuned_spec
 from fedpriv.training.prepared import Prepared
 
 
@@ -95,9 +96,11 @@ def run_experiment(
     store.mkdir(parents=True, exist_ok=True)
     check_store(store, name, specs)
     check_measures(store, measures)
-    record = {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}
+    record = {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [s.record() for s in specs]}
     if measures:
         record["measures"] = [m.model_dump() for m in measures]
+    if experiment.contrasts:
+        record["contrasts"] = experiment.contrasts
     write_json_atomic(store / EXPERIMENT, record)
     prepared_by_key: dict[str, Prepared] = {}
     summaries: list[dict[str, Any]] = []
@@ -117,10 +120,14 @@ def run_experiment(
         run.create()
         refs = run_refs(spec.config)
         spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
-        run.write_json(RUN_CONFIG, spec.raw)
         key = _data_key(spec)
         if key not in prepared_by_key:
             prepared_by_key[key] = prepare(spec.config, prefixed)
+        tuned = None
+        if spec.tune:  # learning rates chosen on the validation users; recorded in STORE/tune/
+            tuned = tune_run(spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)
+            spec = tuned_spec(spec, tuned)
+        run.write_json(RUN_CONFIG, spec.raw)
         prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
         t0 = time.perf_counter()
         if not run.has_params():
@@ -130,7 +137,9 @@ def run_experiment(
                 return store, summaries, False
         if spec.config.canaries is not None and prepared.task.name in ("nwp", "mlm"):
             audit_run(run.path, log=prefixed, prepared=prepared)
-        summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs)
+        summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
+        if tuned is not None:
+            summary["tuned"] = {"winner": tuned["winner"], "metric": tuned["metric"], "record": f"{TUNE_DIR}/{tuned['group']}.json"}
         run.write_summary(summary)
         summaries.append(summary)
         trained += 1

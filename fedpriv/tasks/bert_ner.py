@@ -45,6 +45,7 @@ class BertNERTask(UserSide, Task):
     """BERT token classification for NER (see the module docstring)."""
 
     name = "bert_ner"
+    utility = ("f1", "entity F1")
 
     def __init__(
         self,

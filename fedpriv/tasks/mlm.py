@@ -166,6 +166,7 @@ class MLMTask(UserSide, Task):
     """BERT masked-LM pretraining (see the module docstring)."""
 
     name = "mlm"
+    utility = ("accuracy", "masked-token accuracy")
 
     def __init__(
         self,

@@ -91,6 +91,7 @@ class TokenVocab:
 
 class NERTask(Task):
     name = "ner"
+    utility = ("f1", "entity F1")
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.memorization.canaries import Manifest
 from fedpriv.rundir import PRIVATIZE, RunDir
 from fedpriv.tasks.base import Batch, Task
+from fedpriv.training.loop import Target
 
 
 @dataclass
@@ -39,6 +40,13 @@ class Prepared:
             self.canaries.save(run_dir)
         if self.privatized is not None:
             RunDir(run_dir).write_json(PRIVATIZE, self.privatized, indent=1)
+
+    def target(self) -> Target | None:
+        """The experiment's utility target (``[utility]``) on the task's headline metric, or None."""
+        u = self.config.utility
+        if u is None:
+            return None
+        return Target(u.split, u.metric or self.task.utility[0], u.target)
 
     def summary(self) -> dict[str, Any]:
         """The data's facts: experiment, task, source, users and examples per split, vocabulary."""
