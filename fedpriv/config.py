@@ -301,6 +301,12 @@ class AuditConfig(_Strict):
     extraction_suffix: int = Field(5, ge=1, description="extraction: words to reproduce greedily")
     mlm_examples: int = Field(20, ge=1, description="masked-LM secret sharer: planted examples per canary whose secret rank is averaged")
     along: bool = Field(False, description="also audit the parameters saved at every evaluation along training (memorization against utility)")
+    empirical: bool = Field(False, description="plant audit canaries (each included with probability 1/2) and bound epsilon from below after training (one-run audit)")
+    empirical_canaries: int = Field(1000, ge=2, description="empirical: audit canaries (members and non-members together)")
+    empirical_kind: Literal["auto", "example", "user", "client"] = Field(
+        "auto", description="empirical: example (one extra example), user (a user holding only the canary) or client (DP-FedAvg: a random update direction); auto: the run's privacy unit"
+    )
+    empirical_words: int = Field(8, ge=1, description="empirical: words per data canary")
 
     @model_validator(mode="after")
     def _check(self) -> "AuditConfig":
@@ -364,7 +370,21 @@ class ExperimentConfig(_Strict):
     def _validation_users(self) -> "ExperimentConfig":
         if self.utility is not None and self.data.validation_fraction == 0.0:
             raise ValueError("[utility] measures the target on validation users: set data.validation_fraction (e.g. 0.1)")
+        if self.audit.empirical and self.audit.empirical_kind == "client" and (self.federated is None or self.federated.clip_norm is None):
+            raise ValueError("audit.empirical_kind = 'client' (random-direction canary clients) needs a federated run that clips: strategy 'dp-fedavg' or 'fedavg-clip'")
         return self
+
+    def audit_canary_kind(self) -> str | None:
+        """The unit of the empirical audit's canaries (``audit.empirical_kind``, with ``auto``
+        resolved to the run's privacy unit: user for federated and user-level DP-SGD runs,
+        example otherwise), or None without an empirical audit."""
+        if not self.audit.empirical:
+            return None
+        if self.audit.empirical_kind != "auto":
+            return self.audit.empirical_kind
+        if self.federated is not None or (self.privacy is not None and self.privacy.unit == "user"):
+            return "user"
+        return "example"
 
 
 def _path_of(loc: tuple) -> str:

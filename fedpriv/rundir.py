@@ -15,6 +15,8 @@ pipeline that made them::
     audit-<step>.json      the audit of those parameters
     privacy_ledger.json    the DP events recorded so far (:class:`fedpriv.privacy.ledger.PrivacyLedger`)
     canaries.json          the planted canaries (:class:`fedpriv.memorization.canaries.Manifest`)
+    audit_canaries.json    the empirical audit's canaries and which are members
+    empirical.json         the empirical privacy audit: lower bounds on epsilon from those canaries
     privatize.json         the [privatize] stage: mechanism, parameters, embeddings, guarantee
     vocab.json             an NWP run's word vocabulary (:class:`fedpriv.vocab.word.WordVocab`)
     tokenizer.json         a BERT run's tokenizer (and its vocabulary's released record)
@@ -51,6 +53,8 @@ CHECKPOINT = "checkpoint.json"
 PARAMS = "params.msgpack"
 LEDGER = "privacy_ledger.json"
 CANARIES = "canaries.json"
+EMPIRICAL_CANARIES = "audit_canaries.json"
+EMPIRICAL = "empirical.json"
 PRIVATIZE = "privatize.json"
 WORD_VOCAB = "vocab.json"
 TOKENIZER = "tokenizer.json"

@@ -247,16 +247,27 @@ def report_cmd(
 
 @app.command("audit")
 def audit_cmd(
-    run_dir: Path = typer.Argument(..., help="A trained run directory (from fedpriv train) whose experiment has [canaries]."),
+    run_dir: Path = typer.Argument(..., help="A trained run directory (from fedpriv train) whose experiment has [canaries] (or, with --empirical, [audit] empirical = true)."),
     as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
     candidates: Optional[int] = typer.Option(None, "--candidates", min=1, help="Random Sampling: random suffixes per canary (default: the config's audit.rs_candidates)."),
+    empirical: bool = typer.Option(False, "--empirical", help="The empirical privacy audit instead: a lower bound on epsilon from the run's audit canaries (empirical.json)."),
 ) -> None:
     """Memorization audit: Random Sampling, Beam Search, exposure and extraction (NWP); the
-    secret sharer's exposure (masked LM). Writes audit.json and audit.md into RUN_DIR."""
-    from fedpriv.rundir import AUDIT_MD
-    from fedpriv.runner.audit import audit_run
+    secret sharer's exposure (masked LM). Writes audit.json and audit.md into RUN_DIR. With
+    --empirical: the one-run lower bound on epsilon from the audit canaries, beside the
+    accountant's epsilon, into empirical.json."""
+    from fedpriv.rundir import AUDIT_MD, EMPIRICAL
+    from fedpriv.runner.audit import audit_run, empirical_audit
 
     say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
+    if empirical:
+        report = empirical_audit(run_dir, say)
+        if as_json:
+            print(json.dumps(report, indent=2))
+            return
+        _print_summary(f"empirical privacy of {run_dir} (per {report['unit']})", {k: v for k, v in report.items() if k not in ("score",)})
+        out.print(f"written: {run_dir / EMPIRICAL}")
+        return
     report = audit_run(run_dir, candidates, say)
     if as_json:
         print(json.dumps(report, indent=2))

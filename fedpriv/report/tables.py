@@ -56,6 +56,7 @@ PLOT_FILES = {
     "epsilon_vs_parameters.png": "epsilon against the DP parameters",
     "utility_vs_epsilon.png": "test utility against epsilon",
     "memorization_vs_utility.png": "memorization against validation utility along training",
+    "empirical_vs_theoretical.png": "empirical lower bound against the accountant's epsilon",
 }
 
 # runs.csv columns, in order (one row per finished run; raw values, see comparison_rows)
@@ -63,7 +64,7 @@ RUN_COLUMNS = [
     "run", "group", "seed", "canary_seed", "training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries",
     "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits", "utility_metric", "test_utility", "test_accuracy",
     "test_perplexity", "test_f1", "target_metric", "target_value", "target_reached", "target_at", "target_when", "target_value_reached",
-    "epsilon", "delta", "assumptions", "flag",
+    "epsilon", "delta", "empirical_epsilon", "empirical_unit", "empirical_canaries", "assumptions", "flag",
 ]
 # comparison.csv columns (one row per run group: a run's seeds together; means and 95% intervals)
 COMPARISON_COLUMNS = [
@@ -71,7 +72,7 @@ COMPARISON_COLUMNS = [
     "rs_memorized", "rs_memorized_low", "rs_memorized_high", "bs_memorized", "bs_memorized_low", "bs_memorized_high",
     "exposure_mean_bits", "exposure_mean_low", "exposure_mean_high", "exposure_max_bits",
     "utility_metric", "test_utility", "test_utility_low", "test_utility_high", "test_accuracy", "test_perplexity",
-    "target", "epsilon", "delta", "assumptions", "flag",
+    "target", "epsilon", "delta", "empirical_epsilon", "assumptions", "flag",
 ]
 CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds"]
 CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits"]
@@ -218,6 +219,9 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "target_value_reached": t.get("reached_value"),
             "epsilon": epsilon,
             "delta": delta,
+            "empirical_epsilon": (s.get("empirical") or {}).get("epsilon_lower_bound"),
+            "empirical_unit": (s.get("empirical") or {}).get("unit"),
+            "empirical_canaries": (s.get("empirical") or {}).get("canaries"),
             "assumptions": assumptions,
             "flag": run_flag(s),
         })
@@ -280,6 +284,8 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
         row["test_perplexity"] = _mean([r.get("test_perplexity") for r in rows])
         row["test_f1"] = _mean([r.get("test_f1") for r in rows])
         row["epsilon"] = _mean([r.get("epsilon") for r in rows])
+        row["empirical_epsilon"] = _mean([r.get("empirical_epsilon") for r in rows])
+        row["empirical_unit"] = first.get("empirical_unit")
         row["target"] = _target_text(rows)
         flags = [f"{r['run']}: {r['flag']}" if len(rows) > 1 else r["flag"] for r in rows if r.get("flag")]
         row["flag"] = "; ".join(flags)
@@ -503,6 +509,9 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     label = next((r.get("utility_label") for r in rows if r.get("utility_label")), "utility")
     header = ["run", "seeds", "training", "algorithm", "data", "batch", "RS memorized", "BS memorized", "exposure mean (bits)", "exposure max (bits)",
               f"test {label} (%)", "test accuracy (%)", "test perplexity", "utility target", "privacy unit", "ε (δ)", "flags", "assumptions"]
+    empirical = any(r.get("empirical_epsilon") is not None for r in rows)
+    if empirical:  # the attack's lower bound beside the accountant's upper bound, same δ and unit
+        header.insert(16, "empirical ε (95% lower bound)")
     body = []
     for r in rows:
         n = r.get("canaries")
@@ -514,6 +523,9 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             _num(r.get("test_perplexity"), ".1f"), r.get("target") or "—", UNIT_TITLES.get(r.get("privacy_unit"), str(r.get("privacy_unit"))),
             epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit")), r.get("flag") or "", r.get("assumptions") or "",
         ])
+        if empirical:
+            e = r.get("empirical_epsilon")
+            body[-1].insert(16, "—" if e is None else f"{e:.3g} per {r.get('empirical_unit')}")
     return markdown_table(header, body)
 
 
@@ -647,6 +659,12 @@ def utility_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return [{"run": r["run"], "epsilon": r["epsilon"], "accuracy": r["test_utility"], "metric": f"test {label}"} for r in rows if r.get("test_utility") is not None]
 
 
+def empirical_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """(run, accountant epsilon or None, empirical lower bound, unit) per run with an empirical audit."""
+    return [{"run": r["run"], "epsilon": r["epsilon"], "empirical": r["empirical_epsilon"], "unit": r.get("empirical_unit")}
+            for r in rows if r.get("empirical_epsilon") is not None]
+
+
 def along_series(run_names: Sequence[str], summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Per run audited along training: validation utility (fractions), exposure mean (bits) and
     RS-memorized counts at each audited step."""
@@ -731,6 +749,13 @@ def write_report(store: str | os.PathLike[str]) -> Path:
     if points:
         plots.plot_utility_vs_epsilon(points, out / "utility_vs_epsilon.png")
         drawn.append("utility_vs_epsilon.png")
+    empirical = empirical_points(run_rows)
+    if empirical:
+        plots.plot_empirical_vs_theoretical(empirical, out / "empirical_vs_theoretical.png")
+        drawn.append("empirical_vs_theoretical.png")
+        above = [p["run"] for p in empirical if p["epsilon"] is not None and p["empirical"] > p["epsilon"] * (1 + 1e-9)]
+        if above:
+            notes.append(f"PRIVACY BUG: the empirical lower bound exceeds the accountant's epsilon for {', '.join(above)}.")
     along = along_series(names, contents.summaries)
     if along:
         plots.plot_memorization_vs_utility(along, out / "memorization_vs_utility.png")

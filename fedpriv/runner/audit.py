@@ -20,14 +20,18 @@ from typing import Any
 
 import jax
 
+from fedpriv.config import ExperimentConfig
 from fedpriv.errors import FedprivError
 from fedpriv.memorization.audit import audit_nwp_canary, canary_columns, markdown, summarize
 from fedpriv.memorization.canaries import Manifest, same_canaries
+from fedpriv.memorization.empirical import AuditCanaries, canary_scores, direction_scores, empirical_bounds
 from fedpriv.memorization.extraction import extraction, extraction_sets
 from fedpriv.memorization.lm import NWPStepper
 from fedpriv.memorization.mlm_secret import mlm_secret_exposure
-from fedpriv.rundir import AUDIT_JSON, AUDIT_MD, CANARIES, RunDir, along_audit
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.rundir import AUDIT_JSON, AUDIT_MD, CANARIES, EMPIRICAL, EMPIRICAL_CANARIES, LEDGER, RunDir, along_audit
 from fedpriv.runner.prepare import prepare
+from fedpriv.training.loop import init_key
 from fedpriv.training.prepared import Prepared
 
 
@@ -114,4 +118,59 @@ def audit_model(
         raise FedprivError(f"no memorization test for task {task.name!r} (audits cover nwp and mlm)")
     report["summary"] = summarize(report["canaries"], task.name)
     report["seconds"] = time.perf_counter() - t0
+    return report
+
+
+#: delta of a non-private run's empirical bound (it has no delta of its own)
+NON_PRIVATE_DELTA = 1e-5
+
+
+def run_delta(cfg: ExperimentConfig) -> float | None:
+    """The delta of the run's DP guarantee (DP-SGD's, or DP-FedAvg's user-level one), or None."""
+    if cfg.privacy is not None:
+        return cfg.privacy.delta
+    if cfg.federated is not None and cfg.federated.dp is not None:
+        return cfg.federated.dp.delta
+    return None
+
+
+def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
+    """The empirical privacy of a run trained with ``[audit] empirical``: its audit canaries
+    scored under the final parameters, the one-run lower bounds on epsilon at the run's delta (of
+    the canaries' unit) beside the accountant's epsilon at that delta; written to
+    ``empirical.json`` (:mod:`fedpriv.memorization.empirical`)."""
+    say = log or (lambda _m: None)
+    run = RunDir(run_dir)
+    cfg = run.experiment_config()
+    if not cfg.audit.empirical:
+        raise FedprivError(f"{run.path}: trained without audit canaries; set [audit] empirical = true and train again")
+    canaries = AuditCanaries.load(run.path)
+    if prepared is None:
+        prepared = prepare(cfg, log)
+    elif prepared.config != cfg:
+        raise FedprivError(f"{run.path}: the prepared experiment is not the run's")
+    if prepared.audit_canaries is None or prepared.audit_canaries.to_json() != canaries.to_json():
+        raise FedprivError(f"{run.file(EMPIRICAL_CANARIES)} differs from the audit canaries this fedpriv plants for the run's config")
+    task = prepared.task
+    t0 = time.perf_counter()
+    params, source = run.load_params(task.init_params(jax.random.key(0)))
+    say(f"empirical audit of {run.path} ({source}): {canaries.count} {canaries.kind} canaries, {int(canaries.included.sum())} members")
+    if canaries.kind == "client":
+        scores = direction_scores(canaries.seed, canaries.count, task.init_params(init_key(cfg.seed)), params)
+        score = "cosine of the final model delta with the canary client's direction"
+    else:
+        scores = canary_scores(task, params, canaries)
+        score = "minus the canary's loss (log-perplexity per token) under the final parameters"
+    delta = run_delta(cfg)
+    bounds = empirical_bounds(scores, canaries.included, delta if delta is not None else NON_PRIVATE_DELTA)
+    accountant = None
+    if delta is not None and run.has(LEDGER):
+        accountant = PrivacyLedger.load(run.file(LEDGER)).epsilon(delta).epsilon
+    unit = "example" if canaries.kind == "example" else "user"
+    report = {"kind": canaries.kind, "unit": unit, "canaries": canaries.count, "score": score, "parameters": source, **bounds,
+              "accountant_epsilon": accountant, "seconds": time.perf_counter() - t0,
+              "member_score_mean": float(scores[canaries.included].mean()), "non_member_score_mean": float(scores[~canaries.included].mean())}
+    run.write_json(EMPIRICAL, report, indent=1)
+    say(f"empirical epsilon >= {bounds['epsilon_lower_bound']:.3g} ({int(100 * bounds['confidence'])}% confidence, delta {bounds['delta']:g}, per {unit})"
+        + (f"; the accountant's epsilon {accountant:.3g}" if accountant is not None else "; not private"))
     return report

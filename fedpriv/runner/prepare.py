@@ -30,6 +30,7 @@ from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.sources import open_corpus
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.memorization.canaries import plant_canaries
+from fedpriv.memorization.empirical import draw_audit_canaries, plant_audit_canaries
 from fedpriv.rundir import RunDir
 from fedpriv.runner.privatize import privatize_training_corpus
 from fedpriv.tasks.base import Batch, Task
@@ -122,6 +123,14 @@ def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[st
     if cfg.data.users == "iid":
         train = train.resharded_iid(cfg.seed)
         say(f"users resharded IID: {train.num_users} users keep their example counts, records shuffled")
+    audit_canaries = None
+    kind = cfg.audit_canary_kind()
+    if kind is not None:
+        a = cfg.audit
+        seed = cfg.seed if cfg.canaries is None or cfg.canaries.seed is None else cfg.canaries.seed
+        audit_canaries = draw_audit_canaries(task, a.empirical_canaries, a.empirical_words, kind, seed)
+        train = plant_audit_canaries(train, audit_canaries)
+        say(f"empirical audit: {audit_canaries.count} {kind} canaries, {int(audit_canaries.included.sum())} included (each with probability 1/2)")
     arrays = encode_corpus(task, train)
     eval_arrays = {name: encode_corpus(task, c) for name, c in evals.items()}
-    return Prepared(cfg, train, evals, task, arrays, eval_arrays, manifest, privatized)
+    return Prepared(cfg, train, evals, task, arrays, eval_arrays, manifest, privatized, audit_canaries)

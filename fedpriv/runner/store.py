@@ -29,8 +29,8 @@ from typing import Any
 from fedpriv.config import validate_config
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import write_json_atomic
-from fedpriv.rundir import EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir
-from fedpriv.runner.audit import audit_run
+from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir
+from fedpriv.runner.audit import audit_run, empirical_audit
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs
 from fedpriv.runner.measure import check_measures, run_measures
@@ -42,8 +42,10 @@ from fedpriv.training.prepared import Prepared
 
 def _data_key(spec: RunSpec) -> str:
     c = spec.config
+    audit = c.audit
+    empirical = [c.audit_canary_kind(), audit.empirical_canaries, audit.empirical_words] if audit.empirical else None
     return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None,
-                       c.privatize.model_dump() if c.privatize else None], sort_keys=True)
+                       c.privatize.model_dump() if c.privatize else None, empirical], sort_keys=True)
 
 
 def _train(spec: RunSpec, prepared: Prepared, run: RunDir, stop_after: int | None, log: Callable[[str], None]) -> bool:
@@ -137,6 +139,8 @@ def run_experiment(
                 return store, summaries, False
         if spec.config.canaries is not None and prepared.task.name in ("nwp", "mlm"):
             audit_run(run.path, log=prefixed, prepared=prepared)
+        if spec.config.audit.empirical and not run.has(EMPIRICAL):
+            empirical_audit(run.path, log=prefixed, prepared=prepared)
         summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
         if tuned is not None:
             summary["tuned"] = {"winner": tuned["winner"], "metric": tuned["metric"], "record": f"{TUNE_DIR}/{tuned['group']}.json"}

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from fedpriv.config import VALIDATION, ExperimentConfig
-from fedpriv.rundir import CONFIG, PRIVATIZE, TOKENIZER, VOCABULARY, RunDir, along_audit
+from fedpriv.rundir import CONFIG, EMPIRICAL, PRIVATIZE, TOKENIZER, VOCABULARY, RunDir, along_audit
 from fedpriv.strategies.server import STRATEGY_LABELS
 from fedpriv.tasks.base import degenerate
 from fedpriv.tasks.nwp import unigram_perplexity
@@ -83,6 +83,8 @@ def run_summary(
     audit = run.audit_summary()
     if audit is not None:
         out["audit"] = audit
+    if run.has(EMPIRICAL):
+        out["empirical"] = run.read_json(EMPIRICAL, "empirical audit")
     along = along_points(run, metric, validation, test)
     if along:
         out["along"] = along

@@ -268,6 +268,21 @@ def run_loop(
     return LoopResult(state_params(state), done, last_eval, history, stopped)
 
 
+#: Metrics a progress line shows per evaluated split, when present, and their short names.
+SHOWN_METRICS = {"perplexity": "perplexity", "accuracy_no_oov_no_eos": "acc w/o oov,eos", "f1": "F1"}
+
+
+def eval_text(eval_rows: list[dict[str, Any]]) -> list[str]:
+    """Short progress-line parts for a step's evaluations: each split's shown metrics."""
+    parts = []
+    for row in eval_rows:
+        shown = [f"{short} {row[k]:.4g}" for k, short in SHOWN_METRICS.items() if k in row]
+        if not shown and "accuracy" in row:
+            shown = [f"accuracy {row['accuracy']:.4g}"]
+        parts += [f"{row['split']} {s}" for s in shown]
+    return parts
+
+
 def state_params(state: Any) -> Params:
     """The model parameters of a stepper's state (a dict with ``params``)."""
     return state["params"]

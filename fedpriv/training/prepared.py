@@ -14,6 +14,7 @@ from typing import Any
 from fedpriv.config import ExperimentConfig
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.memorization.canaries import Manifest
+from fedpriv.memorization.empirical import AuditCanaries
 from fedpriv.rundir import PRIVATIZE, RunDir
 from fedpriv.tasks.base import Batch, Task
 from fedpriv.training.loop import Target
@@ -30,6 +31,8 @@ class Prepared:
     canaries: Manifest | None = None
     #: What the [privatize] stage did (:func:`fedpriv.runner.privatize.privatize_training_corpus`).
     privatized: dict[str, Any] | None = None
+    #: The empirical audit's canaries (``[audit] empirical``; :mod:`fedpriv.memorization.empirical`).
+    audit_canaries: AuditCanaries | None = None
 
     def save_assets(self, run_dir: str | os.PathLike[str]) -> None:
         """What an audit or a later run needs besides the parameters: the task's assets (e.g. a
@@ -38,6 +41,8 @@ class Prepared:
         self.task.save_assets(run_dir)
         if self.canaries is not None:
             self.canaries.save(run_dir)
+        if self.audit_canaries is not None:
+            self.audit_canaries.save(run_dir)
         if self.privatized is not None:
             RunDir(run_dir).write_json(PRIVATIZE, self.privatized, indent=1)
 
