@@ -13,6 +13,7 @@ pipeline that made them::
     privacy_ledger.json    the DP events recorded so far (:class:`fedpriv.privacy.ledger.PrivacyLedger`)
     canaries.json          the planted canaries (:class:`fedpriv.memorization.canaries.Manifest`)
     privatize.json         the [privatize] stage: mechanism, parameters, embeddings, guarantee
+    data.json              what preparing the data decided on its own: notes, examples cut per split
     vocab.json             an NWP run's word vocabulary (:class:`fedpriv.vocab.word.WordVocab`)
     tokenizer.json         a BERT run's tokenizer (and its vocabulary's released record)
     vocabulary.json        the full record of a vocabulary the run learned (raw-data figures included)
@@ -49,6 +50,7 @@ PARAMS = "params.msgpack"
 LEDGER = "privacy_ledger.json"
 CANARIES = "canaries.json"
 PRIVATIZE = "privatize.json"
+DATA = "data.json"
 WORD_VOCAB = "vocab.json"
 TOKENIZER = "tokenizer.json"
 VOCABULARY = "vocabulary.json"
