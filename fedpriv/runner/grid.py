@@ -59,13 +59,14 @@ import itertools
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, validate_config, validate_measure
+from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, apply_overrides, set_key, validate_config, validate_measure
 from fedpriv.errors import ConfigError
 
 MEASURE_KEY = "measure"
@@ -110,12 +111,7 @@ class RunSpec:
 
 
 def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        d = d.setdefault(p, {})
-        if not isinstance(d, dict):
-            raise ConfigError(f"grid key {dotted!r}: {p!r} is not a table")
-    d[parts[-1]] = value
+    set_key(d, dotted, value, "grid key")
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -293,8 +289,7 @@ def _read_raw(path: str | os.PathLike[str], overrides: dict[str, Any] | None) ->
         raise ConfigError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
-    for key, value in (overrides or {}).items():
-        _set_path(raw, key, value)
+    apply_overrides(raw, overrides)
     if "name" not in raw:
         raise ConfigError(f"{path}: an experiment needs a name")
     return str(raw["name"]), raw, str(path)
@@ -306,6 +301,23 @@ def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
     ``[[measure]]`` entries are validated too; :func:`read_experiment` returns them."""
     e = read_experiment(path, overrides)
     return e.name, e.runs
+
+
+def select_runs(specs: list[RunSpec], only: list[str] | None, finished: Callable[[str], bool] = lambda _n: False) -> list[RunSpec]:
+    """The runs named in ``only`` (``fedpriv run --only``), in experiment order (all when None);
+    a run they start from (``run:NAME``) must be among them or ``finished``."""
+    if only is None:
+        return specs
+    names = [s.name for s in specs]
+    unknown = [n for n in only if n not in names]
+    if unknown or not only:
+        raise ConfigError(f"--only {','.join(only)}: no run named {', '.join(map(repr, unknown)) or 'given'}; the runs are {', '.join(names)}")
+    chosen = [s for s in specs if s.name in only]
+    for s in chosen:
+        for key, ref in _all_refs(s.config).items():
+            if ref not in only and not finished(ref):
+                raise ConfigError(f"--only: run {s.name!r} starts from run {ref!r} ({key}), which is neither in --only nor finished; add it")
+    return chosen
 
 
 def resolve_run_refs(spec: RunSpec, store: str | os.PathLike[str]) -> RunSpec:

@@ -10,7 +10,7 @@ import pytest
 
 from fedpriv.cli import main
 from fedpriv.errors import ConfigError, FedprivError
-from fedpriv.runner.grid import expand_experiment, load_experiment
+from fedpriv.runner.grid import expand_experiment, load_experiment, select_runs
 from fedpriv.runner.store import run_experiment
 
 BASE = {
@@ -348,3 +348,26 @@ def test_a_ner_grid_over_n_clients_reports_entity_f1(tmp_path):
     assert "test entity F1 (%)" in md and "| dp-fedavg |" in md
     client_row = next(line for line in md.splitlines() if line.startswith("| fedavg-client-dp |"))
     assert "record-level" in client_row and "not private" not in client_row
+
+
+def test_only_selects_runs_in_experiment_order_with_what_they_start_from():
+    raw = {
+        "name": "chain",
+        "data": {"source": "tests/data/ncbi-disease/train.tsv"},
+        "task": {"kind": "mlm", "model": "tiny"},
+        "training": {"steps": 1},
+        "runs": [
+            {"name": "pre", "kind": "central"},
+            {"name": "ft", "kind": "central", "task": {"kind": "bert-ner", "options": {"pretrained": "run:pre"}}},
+            {"name": "other", "kind": "central"},
+        ],
+    }
+    specs = expand_experiment(raw)
+    assert select_runs(specs, None) == specs
+    assert [s.name for s in select_runs(specs, ["other", "pre"])] == ["pre", "other"]
+    assert [s.name for s in select_runs(specs, ["ft", "pre"])] == ["pre", "ft"]
+    with pytest.raises(ConfigError, match=r"--only: run 'ft' starts from run 'pre' \(task.options.pretrained\), which is neither in --only nor finished"):
+        select_runs(specs, ["ft"])
+    assert [s.name for s in select_runs(specs, ["ft"], finished=lambda name: name == "pre")] == ["ft"]
+    with pytest.raises(ConfigError, match="no run named 'fine'; the runs are pre, ft, other"):
+        select_runs(specs, ["fine"])
