@@ -29,7 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.privacy.local.mechanisms import check_eta, check_text_mechanism
@@ -100,12 +100,42 @@ class VocabConfig(_Strict):
         return self.source is not None or self.dp is not None or self.alphabet != "data"
 
 
+BUILTIN_TASKS = ("nwp", "ner", "mlm", "bert-ner")
+#: The entry-point group in which a package names its tasks (``task.kind = "NAME"``).
+TASK_ENTRY_POINTS = "fedpriv.tasks"
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def task_entry_points() -> dict[str, str]:
+    """Installed task plug-ins: entry-point name -> ``module:Class``."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=TASK_ENTRY_POINTS)}
+
+
 class TaskConfig(_Strict):
-    kind: Literal["nwp", "ner", "mlm", "bert-ner"] = Field(
-        "nwp", description="nwp (next-word prediction), ner (BiLSTM tagging), mlm (BERT masked-LM pretraining) or bert-ner (BERT NER fine-tuning)"
+    kind: str = Field(
+        "nwp",
+        description="nwp (next-word prediction), ner (BiLSTM tagging), mlm (BERT masked-LM pretraining), bert-ner (BERT NER "
+        "fine-tuning), or a plug-in: 'package.module:ClassName' or the name of a 'fedpriv.tasks' entry point (docs/custom_tasks.md)",
     )
     model: str = Field("small", min_length=1, description="model preset (nwp: tiny, small, stackoverflow; mlm, bert-ner: tiny, small)")
     options: dict[str, Any] = Field(default_factory=dict, description="task hyperparameters, e.g. head = 'crf' for ner")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, kind: str) -> str:
+        """A built-in task, an import path, or an installed entry point (the class is imported when the task is built)."""
+        if kind in BUILTIN_TASKS or _IMPORT_PATH.match(kind):
+            return kind
+        installed = task_entry_points()
+        if kind in installed:
+            return kind
+        have = f"installed: {', '.join(sorted(installed))}" if installed else "none installed"
+        raise ValueError(
+            f"unknown task {kind!r}; expected {', '.join(BUILTIN_TASKS[:-1])} or {BUILTIN_TASKS[-1]}, a plug-in "
+            f"'package.module:ClassName', or the name of a {TASK_ENTRY_POINTS!r} entry point ({have})"
+        )
 
 
 class TrainingConfig(_Strict):
@@ -403,6 +433,26 @@ def _config_error(e: ValidationError, origin: str, plain: bool = False) -> Confi
     return ConfigError(f"{origin}: {problems[0]}{more}")
 
 
+def set_key(raw: dict[str, Any], dotted: str, value: Any, what: str = "--set") -> None:
+    """Set the dotted key ``a.b.c`` of a parsed TOML table (tables on the way are made)."""
+    parts = dotted.split(".")
+    if not all(p.strip() for p in parts):
+        raise ConfigError(f"{what} {dotted!r}: expected a dotted key such as training.steps")
+    d = raw
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"{what} {dotted!r}: {p!r} is not a table")
+    d[parts[-1]] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` with each ``KEY=VALUE`` of ``overrides`` (dotted key -> value, ``--set``) set."""
+    for key, value in (overrides or {}).items():
+        set_key(raw, key, value)
+    return raw
+
+
 def validate_config(raw: dict[str, Any], origin: str = "config") -> ExperimentConfig:
     """A parsed TOML table -> ExperimentConfig, or ConfigError naming the first bad key's path."""
     try:
@@ -471,8 +521,9 @@ def validate_measure(raw: Any, origin: str = "measure") -> MeasureConfig:
         raise _config_error(e, origin, plain=True) from None
 
 
-def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
-    """Read and validate an experiment config: TOML, or JSON for a ``.json`` path."""
+def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate an experiment config: TOML, or JSON for a ``.json`` path; ``overrides``
+    (dotted key -> value, ``--set``) are set before validation."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -485,9 +536,9 @@ def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
             raw = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: JSON syntax error: {e}") from None
-        return validate_config(raw, str(path))
+        return validate_config(apply_overrides(raw, overrides), str(path))
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
-    return validate_config(raw, str(path))
+    return validate_config(apply_overrides(raw, overrides), str(path))

@@ -18,6 +18,7 @@ pipeline that made them::
     audit_canaries.json    the empirical audit's canaries and which are members
     empirical.json         the empirical privacy audit: lower bounds on epsilon from those canaries
     privatize.json         the [privatize] stage: mechanism, parameters, embeddings, guarantee
+    data.json              what preparing the data decided on its own: notes, examples cut per split
     vocab.json             an NWP run's word vocabulary (:class:`fedpriv.vocab.word.WordVocab`)
     tokenizer.json         a BERT run's tokenizer (and its vocabulary's released record)
     vocabulary.json        the full record of a vocabulary the run learned (raw-data figures included)
@@ -56,6 +57,7 @@ CANARIES = "canaries.json"
 EMPIRICAL_CANARIES = "audit_canaries.json"
 EMPIRICAL = "empirical.json"
 PRIVATIZE = "privatize.json"
+DATA = "data.json"
 WORD_VOCAB = "vocab.json"
 TOKENIZER = "tokenizer.json"
 VOCABULARY = "vocabulary.json"

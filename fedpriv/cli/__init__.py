@@ -3,6 +3,10 @@
 Every subcommand has ``--help``. Errors fedpriv raises on purpose (bad input, impossible
 parameters) are printed as one line ``fedpriv: error: ...`` on stderr, exit code 2; an
 unexpected failure prints one line too (exit 1) unless ``FEDPRIV_DEBUG=1`` asks for the traceback.
+
+Every command that takes an experiment config takes ``--set KEY=VALUE`` (repeatable) to change
+one of its keys. Known-harmless third-party messages are filtered (:mod:`fedpriv.logs`);
+``-v`` (anywhere on the line) shows them.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from fedpriv.cli.privacy import privacy_app
 from fedpriv.cli.privatize import privatize_app
 from fedpriv.cli.vocab import vocab_app
 from fedpriv.errors import FedprivError
+from fedpriv.logs import setup as setup_logs
 
 app = typer.Typer(
     name="fedpriv",
@@ -44,6 +49,16 @@ app.add_typer(privatize_app)  # one command: fedpriv privatize
 
 out = Console()
 err = Console(stderr=True)
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def _say(message: str) -> None:
+    """A progress line on stderr: one line whatever its length (no wrapping into a log file)."""
+    err.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def _set_option():
+    return typer.Option([], "--set", help="Override a config key, KEY=VALUE (repeatable; VALUE read as JSON when it parses), e.g. --set training.steps=100.")
 
 
 def _version(value: bool) -> None:
@@ -55,8 +70,11 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    verbose: bool = typer.Option(False, *VERBOSE_FLAGS, help="Show the third-party warnings fedpriv filters as known-harmless (also after a subcommand)."),
 ) -> None:
     """fedpriv: federated and central training with privacy, canaries and memorization audits."""
+    if verbose:
+        setup_logs(True)
 
 
 @data_app.command("inspect")
@@ -97,6 +115,8 @@ def _print_stats(stats: dict) -> None:
     t.add_row("examples per user", f"min {per['min']}, median {per['median']:g}, mean {per['mean']:.1f}, max {per['max']}")
     for k, v in stats.get("load", {}).items():
         t.add_row(f"load: {k}", str(v))
+    for note in stats.get("notes", []):
+        t.add_row("note", note)
     for k, v in stats.get("entities", {}).items():
         t.add_row(f"entities: {k}", f"{v:,}")
     out.print(t)
@@ -119,18 +139,22 @@ def _print_stats(stats: dict) -> None:
 def config_check(
     path: Path = typer.Argument(..., help="An experiment TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
+    set_: list[str] = _set_option(),
 ) -> None:
     """Validate an experiment config (or an experiment with [[runs]], every run resolved):
-    unknown keys and wrong types are refused by key path."""
+    unknown keys and wrong types are refused by key path, a plug-in task is imported."""
     import tomllib
 
     from fedpriv.config import load_config
 
+    overrides = parse_options(set_, "--set")
     if path.suffix == ".toml" and path.is_file() and "runs" in tomllib.loads(path.read_text(encoding="utf-8")):
         from fedpriv.runner.grid import read_experiment
 
-        exp = read_experiment(path)
+        exp = read_experiment(path, overrides)
         name, specs = exp.name, exp.runs
+        for spec in specs:
+            _check_task(spec.config)
         if as_json:
             doc: dict = {"name": name, "runs": [s.record() for s in specs]}
             if exp.measures:
@@ -140,22 +164,33 @@ def config_check(
             measures = f"; {len(exp.measures)} measurements: {', '.join(m.name for m in exp.measures)}" if exp.measures else ""
             out.print(f"{path}: ok (experiment {name!r}, {len(specs)} runs: {', '.join(s.name for s in specs)}{measures})")
         return
-    cfg = load_config(path)
+    cfg = load_config(path, overrides)
+    _check_task(cfg)
     if as_json:
         print(json.dumps(cfg.model_dump(), indent=2))
     else:
         out.print(f"{path}: ok (experiment {cfg.name!r}, source {cfg.data.source!r})")
 
 
-def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int]) -> dict:
+def _check_task(cfg) -> None:  # noqa: ANN001
+    """Import a plug-in task now, so a wrong path is an error of the config."""
+    from fedpriv.config import BUILTIN_TASKS
+
+    if cfg.task.kind not in BUILTIN_TASKS:
+        from fedpriv.tasks.registry import check_task
+
+        check_task(cfg)
+
+
+def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str]) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
     from fedpriv.config import load_config
     from fedpriv.runner.dispatch import train_run
     from fedpriv.runner.prepare import prepare
     from fedpriv.runner.summary import train_summary
 
-    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
-    cfg = load_config(config)
+    say = None if as_json else _say
+    cfg = load_config(config, parse_options(set_, "--set"))
     if kind == "federated" and cfg.federated is None:
         raise FedprivError(f"{config}: no [federated] section (see experiments/fedavg-shakespeare.toml)")
     prepared = prepare(cfg, log=say)
@@ -168,6 +203,10 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
 def _print_summary(title: str, summary: dict) -> None:
     t = Table(title=title, show_header=False)
     for k, v in summary.items():
+        if isinstance(v, list):
+            for item in v:
+                t.add_row(k.replace("_", " ").removesuffix("s"), str(item))
+            continue
         t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v))
     out.print(t)
 
@@ -178,9 +217,10 @@ def train_central_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
+    set_: list[str] = _set_option(),
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
-    summary = _train(config, "central", out, None, as_json, stop_after)
+    summary = _train(config, "central", out, None, as_json, stop_after, set_)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -194,9 +234,10 @@ def train_federated_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
+    set_: list[str] = _set_option(),
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
-    summary = _train(config, "federated", out, engine, as_json, stop_after)
+    summary = _train(config, "federated", out, engine, as_json, stop_after, set_)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -211,12 +252,14 @@ def run_cmd(
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
+    only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
     from fedpriv.runner.store import run_experiment
 
-    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
-    store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_), stop_after, say)
+    say = None if as_json else _say
+    names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
+    store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_, "--set"), stop_after, say, names)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -226,10 +269,11 @@ def run_cmd(
         print(json.dumps({"store": str(store), "complete": complete, "runs": summaries, "report": str(written) if written else None}, indent=2))
         return
     if not complete:
-        out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}` again to resume ({store})")
+        again = f" --only {only}" if only else ""
+        out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}{again}` again to resume ({store})")
         return
     if written is not None:
-        out.print((written / "comparison.md").read_text(), markup=False, highlight=False)
+        out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
         out.print(f"report: {written}")
 
 
@@ -241,7 +285,7 @@ def report_cmd(
     from fedpriv.report.tables import write_report
 
     written = write_report(store)
-    out.print((written / "comparison.md").read_text(), markup=False, highlight=False)
+    out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
     out.print(f"report: {written}")
 
 
@@ -251,15 +295,16 @@ def audit_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
     candidates: Optional[int] = typer.Option(None, "--candidates", min=1, help="Random Sampling: random suffixes per canary (default: the config's audit.rs_candidates)."),
     empirical: bool = typer.Option(False, "--empirical", help="The empirical privacy audit instead: a lower bound on epsilon from the run's audit canaries (empirical.json)."),
+    set_: list[str] = typer.Option([], "--set", help="Override an audit key of the run's config, audit.KEY=VALUE (repeatable), e.g. --set audit.beam_width=10."),
 ) -> None:
     """Memorization audit: Random Sampling, Beam Search, exposure and extraction (NWP); the
-    secret sharer's exposure (masked LM). Writes audit.json and audit.md into RUN_DIR. With
-    --empirical: the one-run lower bound on epsilon from the audit canaries, beside the
-    accountant's epsilon, into empirical.json."""
+    secret sharer's exposure (masked LM); Random Sampling by the task's loss (plug-in tasks).
+    Writes audit.json and audit.md into RUN_DIR. With --empirical: the one-run lower bound on
+    epsilon from the audit canaries, beside the accountant's epsilon, into empirical.json."""
     from fedpriv.rundir import AUDIT_MD, EMPIRICAL
     from fedpriv.runner.audit import audit_run, empirical_audit
 
-    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
+    say = None if as_json else _say
     if empirical:
         report = empirical_audit(run_dir, say)
         if as_json:
@@ -268,7 +313,7 @@ def audit_cmd(
         _print_summary(f"empirical privacy of {run_dir} (per {report['unit']})", {k: v for k, v in report.items() if k not in ("score",)})
         out.print(f"written: {run_dir / EMPIRICAL}")
         return
-    report = audit_run(run_dir, candidates, say)
+    report = audit_run(run_dir, candidates, say, overrides=parse_options(set_, "--set"))
     if as_json:
         print(json.dumps(report, indent=2))
         return
@@ -277,25 +322,27 @@ def audit_cmd(
 
 
 # Short headers so the per-canary table fits an 80-column terminal (audit.md has the long names).
-AUDIT_HEADERS = {"insertions": "ins.", "rs_memorized": "RS", "rs_rank": "RS rank", "bs_memorized": "BS", "exposure": "exp.", "exposure_extrapolated": "exp. fit"}
+AUDIT_HEADERS = {"insertions": "ins.", "rs_memorized": "RS", "rs_rank": "RS rank", "bs_memorized": "BS", "exposure": "exp.", "exposure_extrapolated": "exp. fit",
+                 "inserted": "ins.", "exposure_mean": "exp. mean", "exposure_max": "exp. max", "canary_loss": "loss"}
 
 
 def _print_audit(report: dict) -> None:
-    from fedpriv.memorization.audit import CANARY_COLUMNS, fmt_value
+    from fedpriv.memorization.audit import canary_table_columns, fmt_value
 
-    cols = CANARY_COLUMNS[report["task"]]
+    cols = canary_table_columns(report["task"])
     t = Table(title=f"canaries ({report['parameters']}; exposure in bits)")
     for c in cols:
-        t.add_column(AUDIT_HEADERS.get(c, c.replace("_", " ")))
+        t.add_column(AUDIT_HEADERS.get(c, c.replace("_", " ")), overflow="fold")
     for r in report["canaries"]:
         t.add_row(*(fmt_value(r.get(c)) for c in cols))
     out.print(t)
     s = Table(title="summary by configuration")
     total = report["summary"]["total"]
     keys = list(total)
-    s.add_column("configuration")
+    labels = [*report["summary"]["by_configuration"], "all"]
+    s.add_column("configuration", no_wrap=True, min_width=max(len(n) for n in labels))  # never cut a label
     for k in keys:
-        s.add_column(k.replace("_", " "))
+        s.add_column(AUDIT_HEADERS.get(k, k.replace("_", " ")), overflow="fold")
     for name, b in [*report["summary"]["by_configuration"].items(), ("all", total)]:
         s.add_row(name, *(fmt_value(b[k]) for k in keys))
     out.print(s)
@@ -308,15 +355,26 @@ def demo(
     config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment to run."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    set_: list[str] = _set_option(),
+    only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME]."),
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, [], True, as_json, None)
+    run_cmd(config, out_dir, set_, True, as_json, None, only)
+
+
+def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without its ``-v``/``--verbose`` flags (allowed after a subcommand too), and whether it had one."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [a for i, a in enumerate(argv) if i >= end or a not in VERBOSE_FLAGS]
+    return kept, len(kept) < len(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every error into one line and an exit code."""
     debug = os.environ.get("FEDPRIV_DEBUG") == "1"
+    argv, verbose = _take_verbose(list(sys.argv[1:] if argv is None else argv))
+    setup_logs(verbose or None)
     try:
         app(args=argv, standalone_mode=False, prog_name="fedpriv")
         return 0

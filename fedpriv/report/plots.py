@@ -51,21 +51,34 @@ def _color(i: int, private: bool) -> str:
 def plot_memorized_by_configuration(configurations: Sequence[str], runs: Sequence[str], counts: Sequence[Sequence[int]], path: str | os.PathLike[str]) -> Path:
     """Grouped bars: for each configuration (x), one bar per run of the number of RS-memorized
     canaries (y, a count). ``counts[i][j]`` is run i's count in configuration j."""
-    fig = _figure(max(6.0, 1.1 * len(configurations) + 2), 4.5)
+    return _save(memorized_by_configuration_figure(configurations, runs, counts), path)
+
+
+def tick_label(configuration: str) -> str:
+    """A configuration label on lines that fit under a bar group: p_u, its scaling, p_e."""
+    return configuration.replace(" (", "\n(").replace(" p_e", "\np_e")
+
+
+def memorized_by_configuration_figure(configurations: Sequence[str], runs: Sequence[str], counts: Sequence[Sequence[int]]) -> Figure:
+    """The figure of :func:`plot_memorized_by_configuration`; the legend sits right of the axes,
+    never over a bar."""
+    legend_width = 0.3 + 0.075 * max((len(r) for r in runs), default=0)
+    fig = _figure(max(6.0, 1.1 * len(configurations) + 2) + legend_width, 4.5)
     ax = fig.add_subplot()
     n = max(1, len(runs))
     width = 0.8 / n
     for i, (run, row) in enumerate(zip(runs, counts)):
         xs = [j - 0.4 + width * (i + 0.5) for j in range(len(configurations))]
         ax.bar(xs, row, width, label=run, color=SERIES_COLORS[i % len(SERIES_COLORS)])
-    ax.set_xticks(range(len(configurations)), [c.replace(" p_e", "\np_e") for c in configurations], fontsize=8)
+    ax.set_xticks(range(len(configurations)), [tick_label(c) for c in configurations], fontsize=8)
     ax.set_ylabel("RS-memorized canaries")
     ax.set_xlabel("canary configuration")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_title("Canaries memorized (Random Sampling) by configuration")
     if runs:
-        ax.legend(fontsize=8, ncols=2)
-    return _save(fig, path)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    return fig
 
 
 def plot_exposure_vs_insertions(series: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:

@@ -39,6 +39,7 @@ from typing import Any
 
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import read_json
+from fedpriv.memorization.audit import configuration_label
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.report import plots
@@ -353,9 +354,8 @@ def unfinished_runs(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, A
 
 
 def configuration_key(canary: Mapping[str, Any]) -> str:
-    """The audit's name of a canary's configuration, e.g. ``p_u=2e-05 p_e=0.01`` (pattern first
-    for masked-LM pattern canaries); the same string as audit.summarize uses."""
-    return (f"{canary['pattern']} " if canary.get("pattern") else "") + f"p_u={canary['p_u']:.3g} p_e={canary['p_e']:.3g}"
+    """The audit's name of a canary's configuration (:func:`fedpriv.memorization.audit.configuration_label`)."""
+    return configuration_label(canary)
 
 
 def _count(rows: Sequence[Mapping[str, Any]], key: str) -> int | None:
@@ -389,7 +389,8 @@ def configuration_rows(run_names: Sequence[str], canaries: Mapping[str, Sequence
                 "exposure_mean_bits": sum(exps) / len(exps) if exps else None,
                 "exposure_max_bits": max(exps) if exps else None,
             }
-        rows.append({"configuration": configuration_key({"pattern": pattern, "p_u": p_u, "p_e": p_e}), "pattern": pattern or None, "p_u": p_u, "p_e": p_e, "cells": cells})
+        planted = next(c for rs in by_run.values() for c in rs)
+        rows.append({"configuration": configuration_key(planted), "pattern": pattern or None, "p_u": p_u, "p_e": p_e, "cells": cells})
     return rows
 
 

@@ -8,7 +8,11 @@ exactly the same canaries (checked against the run's ``canaries.json``), and the
 
 * next-word prediction: per canary Random Sampling, Beam Search and exposure; extraction (greedy
   continuation) on duplicated, unique and validation prefixes;
-* masked-LM: the secret sharer's exposure of each pattern canary's secret.
+* masked-LM: the secret sharer's exposure of each pattern canary's secret;
+* a plug-in task: Random Sampling scored by the task's per-example loss, with exposure
+  (:mod:`fedpriv.memorization.task_sampling`).
+
+Built-in NER tasks (ner, bert-ner) have no canary test.
 """
 
 from __future__ import annotations
@@ -20,19 +24,25 @@ from typing import Any
 
 import jax
 
-from fedpriv.config import ExperimentConfig
-from fedpriv.errors import FedprivError
+from fedpriv.config import BUILTIN_TASKS, ExperimentConfig, apply_overrides, validate_config
+from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.memorization.audit import audit_nwp_canary, canary_columns, markdown, summarize
 from fedpriv.memorization.canaries import Manifest, same_canaries
 from fedpriv.memorization.empirical import AuditCanaries, canary_scores, direction_scores, empirical_bounds
 from fedpriv.memorization.extraction import extraction, extraction_sets
 from fedpriv.memorization.lm import NWPStepper
 from fedpriv.memorization.mlm_secret import mlm_secret_exposure
+from fedpriv.memorization.task_sampling import LossScorer, audit_task_canary
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.rundir import AUDIT_JSON, AUDIT_MD, CANARIES, EMPIRICAL, EMPIRICAL_CANARIES, LEDGER, RunDir, along_audit
 from fedpriv.runner.prepare import prepare
 from fedpriv.training.loop import init_key
 from fedpriv.training.prepared import Prepared
+
+
+def auditable(cfg: ExperimentConfig) -> bool:
+    """Whether the run's task has a canary test: nwp, mlm and plug-in tasks."""
+    return cfg.canaries is not None and (cfg.task.kind in ("nwp", "mlm") or cfg.task.kind not in BUILTIN_TASKS)
 
 
 def load_run(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> tuple[Prepared, Any, str]:
@@ -58,16 +68,24 @@ def audit_run(
     candidates: int | None = None,
     log: Callable[[str], None] | None = None,
     prepared: Prepared | None = None,
+    overrides: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run every applicable test on ``run_dir`` and write ``audit.json`` and ``audit.md`` there.
     With ``audit.along``, the parameters saved at each evaluation along training are audited too
-    (Random Sampling, Beam Search and exposure; no extraction), into ``audit-<step>.json``."""
+    (Random Sampling, Beam Search and exposure; no extraction), into ``audit-<step>.json``.
+    ``overrides``: ``audit.*`` keys set over the run's config (``fedpriv audit --set``)."""
     say = log or (lambda _m: None)
     run = RunDir(run_dir)
+    other = [k for k in overrides or {} if not k.startswith("audit.")]
+    if other:
+        raise ConfigError(f"--set {other[0]}: fedpriv audit takes audit.* keys only (the data, task and canaries are those the run was trained with)")
+    settings = None
+    if overrides:  # checked before the data is prepared
+        settings = validate_config(apply_overrides(run.experiment_config().model_dump(), overrides), f"{run.path} with --set").audit
     prepared, params, source = load_run(run.path, log, prepared)
-    cfg = prepared.config
+    cfg = prepared.config if settings is None else prepared.config.model_copy(update={"audit": settings})
     n_cand = candidates if candidates is not None else cfg.audit.rs_candidates
-    report = audit_model(prepared, params, source, str(run.path), n_cand, say)
+    report = audit_model(prepared, cfg, params, source, str(run.path), n_cand, say)
     run.write_json(AUDIT_JSON, report)
     run.file(AUDIT_MD).write_text(markdown(report))
     if cfg.audit.along:
@@ -77,17 +95,18 @@ def audit_run(
             if run.has(name):
                 continue
             say(f"auditing the parameters of step {step} (audit.along)")
-            along = audit_model(prepared, run.load_snapshot(step, template), f"parameters at step {step}", str(run.path), n_cand, say, with_extraction=False)
+            along = audit_model(prepared, cfg, run.load_snapshot(step, template), f"parameters at step {step}", str(run.path), n_cand, say, with_extraction=False)
             run.write_json(name, {**along, "step": step})
     return report
 
 
 def audit_model(
-    prepared: Prepared, params: Any, source: str, where: str, candidates: int, say: Callable[[str], None], with_extraction: bool = True
+    prepared: Prepared, cfg: ExperimentConfig, params: Any, source: str, where: str, candidates: int, say: Callable[[str], None], with_extraction: bool = True
 ) -> dict[str, Any]:
-    """The audit report of ``params`` (a model of ``prepared``'s task): per-canary rows and their
-    summary; for next-word prediction also extraction (unless ``with_extraction`` is False)."""
-    cfg, task, manifest = prepared.config, prepared.task, prepared.canaries
+    """The audit report of ``params`` (a model of ``prepared``'s task) under ``cfg``'s audit
+    settings: per-canary rows and their summary; for next-word prediction also extraction
+    (unless ``with_extraction`` is False)."""
+    task, manifest = prepared.task, prepared.canaries
     assert manifest is not None
     say(f"auditing {where} ({task.name}, {source}): {len(manifest.canaries)} canaries")
     report: dict[str, Any] = {"run_dir": where, "task": task.name, "parameters": source, "settings": cfg.audit.model_dump()}
@@ -114,8 +133,18 @@ def audit_model(
     elif task.name == "mlm":
         by_id = {c.id: c for c in manifest.canaries}
         report["canaries"] = [{**canary_columns(by_id[row["id"]]), **row} for row in mlm_secret_exposure(task, params, manifest.canaries)]
+    elif cfg.task.kind not in BUILTIN_TASKS:
+        if not 1 <= cfg.audit.rs_prefix < cfg.canaries.words:
+            raise FedprivError(f"audit.rs_prefix ({cfg.audit.rs_prefix}) must be between 1 and canaries.words - 1 ({cfg.canaries.words - 1})")
+        scorer = LossScorer(task, params, prepared.train.kind, cfg.audit.rs_batch)
+        rows = []
+        for i in range(len(manifest.canaries)):
+            r = audit_task_canary(scorer, manifest, i, cfg, candidates)
+            rows.append(r)
+            say(f"canary {i + 1}/{len(manifest.canaries)} {r['id']}: rank {r['rs_rank']:,}/{r['rs_candidates'] + 1:,} by the task's loss, exposure {r['exposure']:.1f} bits")
+        report["canaries"] = rows
     else:
-        raise FedprivError(f"no memorization test for task {task.name!r} (audits cover nwp and mlm)")
+        raise FedprivError(f"no memorization test for task {task.name!r} (audits cover nwp, mlm and plug-in tasks)")
     report["summary"] = summarize(report["canaries"], task.name)
     report["seconds"] = time.perf_counter() - t0
     return report

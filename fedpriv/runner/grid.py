@@ -66,13 +66,14 @@ import itertools
 import os
 import re
 import tomllib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, validate_config, validate_measure
+from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, apply_overrides, set_key, validate_config, validate_measure
 from fedpriv.errors import ConfigError
 
 MEASURE_KEY = "measure"
@@ -136,12 +137,7 @@ class RunSpec:
 
 
 def set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        d = d.setdefault(p, {})
-        if not isinstance(d, dict):
-            raise ConfigError(f"grid key {dotted!r}: {p!r} is not a table")
-    d[parts[-1]] = value
+    set_key(d, dotted, value, "grid key")
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -404,8 +400,7 @@ def _read_raw(path: str | os.PathLike[str], overrides: dict[str, Any] | None) ->
         raise ConfigError(f"{path}: no such file") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
-    for key, value in (overrides or {}).items():
-        set_path(raw, key, value)
+    apply_overrides(raw, overrides)
     if "name" not in raw:
         raise ConfigError(f"{path}: an experiment needs a name")
     return str(raw["name"]), raw, str(path)
@@ -417,6 +412,26 @@ def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
     ``[[measure]]`` entries are validated too; :func:`read_experiment` returns them."""
     e = read_experiment(path, overrides)
     return e.name, e.runs
+
+
+def select_runs(specs: list[RunSpec], only: list[str] | None, finished: Callable[[str], bool] = lambda _n: False) -> list[RunSpec]:
+    """The runs named in ``only`` (``fedpriv run --only``; a run's name, or its group: every seed
+    of it), in experiment order (all when None); a run they start from (``run:NAME``) must be
+    among them or ``finished``."""
+    if only is None:
+        return specs
+    names = list(dict.fromkeys(x for s in specs for x in (s.group or s.name, s.name)))
+    unknown = [n for n in only if n not in names]
+    if unknown or not only:
+        groups = list(dict.fromkeys(s.group or s.name for s in specs))
+        raise ConfigError(f"--only {','.join(only)}: no run named {', '.join(map(repr, unknown)) or 'given'}; the runs are {', '.join(groups)}")
+    chosen = [s for s in specs if s.name in only or (s.group or s.name) in only]
+    picked = {s.name for s in chosen}
+    for s in chosen:
+        for key, ref in _all_refs(s.config).items():
+            if ref not in picked and not finished(ref):
+                raise ConfigError(f"--only: run {s.name!r} starts from run {ref!r} ({key}), which is neither in --only nor finished; add it")
+    return chosen
 
 
 def resolve_run_refs(spec: RunSpec, store: str | os.PathLike[str]) -> RunSpec:

@@ -30,9 +30,9 @@ from fedpriv.config import validate_config
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import write_json_atomic
 from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir
-from fedpriv.runner.audit import audit_run, empirical_audit
+from fedpriv.runner.audit import audit_run, auditable, empirical_audit
 from fedpriv.runner.dispatch import train_run
-from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs
+from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs, select_runs
 from fedpriv.runner.measure import check_measures, run_measures
 from fedpriv.runner.prepare import prepare
 from fedpriv.runner.summary import run_summary
@@ -86,15 +86,18 @@ def run_experiment(
     overrides: dict[str, Any] | None = None,
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
+    only: list[str] | None = None,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
     (see the module docstring). ``stop_after``: stop the first run that trains once it has done
-    this many more steps or rounds, with a checkpoint (a kill).
+    this many more steps or rounds, with a checkpoint (a kill). ``only``: these runs (by name)
+    and no other; a run they start from must be among them or finished already.
     Returns (store, summaries of the finished runs, whether every run finished)."""
     say = log or (lambda _m: None)
     experiment = read_experiment(path, overrides)
     name, specs, measures = experiment.name, experiment.runs, experiment.measures
     store = Path(store) if store is not None else Path("runs") / name
+    chosen = select_runs(specs, only, lambda ref: RunDir(store / ref).has_summary())
     store.mkdir(parents=True, exist_ok=True)
     check_store(store, name, specs)
     check_measures(store, measures)
@@ -104,6 +107,7 @@ def run_experiment(
     if experiment.contrasts:
         record["contrasts"] = experiment.contrasts
     write_json_atomic(store / EXPERIMENT, record)
+    specs = chosen
     prepared_by_key: dict[str, Prepared] = {}
     summaries: list[dict[str, Any]] = []
     t_all = time.perf_counter()
@@ -137,7 +141,7 @@ def run_experiment(
             if not done:
                 say(f"{tag} stopped with a checkpoint; run the same command again to resume")
                 return store, summaries, False
-        if spec.config.canaries is not None and prepared.task.name in ("nwp", "mlm"):
+        if auditable(spec.config):
             audit_run(run.path, log=prefixed, prepared=prepared)
         if spec.config.audit.empirical and not run.has(EMPIRICAL):
             empirical_audit(run.path, log=prefixed, prepared=prepared)
@@ -151,5 +155,9 @@ def run_experiment(
         if left:
             per_run = (time.perf_counter() - t_all) / trained
             say(f"{tag} done; {left} run(s) left, about {per_run * left / 60:.1f} min at this pace")
+    if only is not None and not all(RunDir(store / r["name"]).has_summary() for r in record["runs"]):
+        if measures:
+            say("the [[measure]] entries wait until every run of the experiment is finished")
+        return store, summaries, True
     run_measures(store, measures, say)
     return store, summaries, True

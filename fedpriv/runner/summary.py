@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from fedpriv.config import VALIDATION, ExperimentConfig
-from fedpriv.rundir import CONFIG, EMPIRICAL, PRIVATIZE, TOKENIZER, VOCABULARY, RunDir, along_audit
+from fedpriv.rundir import CONFIG, DATA, EMPIRICAL, PRIVATIZE, TOKENIZER, VOCABULARY, RunDir, along_audit
 from fedpriv.strategies.server import STRATEGY_LABELS
 from fedpriv.tasks.base import degenerate
 from fedpriv.tasks.nwp import unigram_perplexity
@@ -41,6 +41,8 @@ def run_summary(
         out["eval_source"] = c.data.eval_source
     if starts_from:
         out["starts_from"] = dict(starts_from)
+    if run.has(DATA) and run.read_json(DATA).get("notes"):  # choices the data preparation made on its own
+        out["data_notes"] = run.read_json(DATA)["notes"]
     if run.has(PRIVATIZE):  # local privatization of the training text, with its guarantee
         out["privatize"] = run.read_json(PRIVATIZE)
     if run.has(VOCABULARY):  # the run learned its vocabulary: the full record (raw-data figures included)

@@ -19,15 +19,21 @@ Contract (what DP-SGD relies on):
 
 from __future__ import annotations
 
+import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.data.examples import Example
+from fedpriv.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fedpriv.config import ExperimentConfig
+    from fedpriv.data.corpus import FederatedCorpus
 
 Batch = dict[str, np.ndarray]
 Params = Any  # a pytree of jax arrays
@@ -41,6 +47,23 @@ class Task(ABC):
 
     name: str = "task"
     utility: tuple[str, str] = ("accuracy", "accuracy")
+    #: What :meth:`encode` keeps of an example, for the log (e.g. ``"vocab.seq_len = 20 words"``);
+    #: None for a task that keeps every word.
+    length_limit: str | None = None
+
+    @classmethod
+    def from_config(cls, config: "ExperimentConfig", train: "FederatedCorpus") -> "Task":
+        """The task an experiment config names, built from the TRAINING users only (a plug-in's
+        vocabulary must not see evaluation users). Default: ``cls(**config.task.options)``."""
+        try:
+            inspect.signature(cls).bind(**config.task.options)
+        except TypeError as e:
+            raise ConfigError(f"task.options for {config.task.kind!r}: {e}") from None
+        return cls(**config.task.options)
+
+    def words_cut(self, example: Example) -> int:
+        """How many of the example's words :meth:`encode` drops (see :attr:`length_limit`)."""
+        return 0
 
     @abstractmethod
     def init_params(self, rng: jax.Array) -> Params:

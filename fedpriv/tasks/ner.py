@@ -169,6 +169,13 @@ class NERTask(Task):
         chars = jnp.zeros((1, self.max_len, self.char_width), jnp.int32) if self.char_dim else None
         return self.model.init(rng, z, z, jnp.ones((1,), jnp.int32), chars=chars)["params"]
 
+    @property
+    def length_limit(self) -> str:
+        return f"task.options.max_len = {self.max_len} tokens"
+
+    def words_cut(self, example: Example) -> int:
+        return max(0, len(example.words()) - self.max_len)
+
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len
         tokens = np.zeros((n, L), np.int32)

@@ -33,6 +33,7 @@ class NWPTask(Task):
     def __init__(self, vocab: WordVocab, seq_len: int = 20, model: str | NWPConfig = "small"):
         self.vocab = vocab
         self.seq_len = seq_len
+        self.length_limit = f"vocab.seq_len = {seq_len} words"
         cfg = PRESETS[model] if isinstance(model, str) else model
         self.cfg = NWPConfig(**{**cfg.__dict__, "vocab_size": len(vocab)})
         self.model = NWPLSTM(self.cfg)
@@ -43,6 +44,9 @@ class NWPTask(Task):
 
     def init_params(self, rng: jax.Array) -> Params:
         return self.model.init(rng, jnp.zeros((1, self.seq_len), jnp.int32))["params"]
+
+    def words_cut(self, example: Example) -> int:
+        return max(0, len(example.words()) - self.seq_len)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         ids = self.vocab.encode_batch([e.text for e in examples], self.seq_len)

@@ -423,3 +423,46 @@ def test_rows_that_did_not_learn_or_missed_the_target_are_flagged():
     assert rows["stuck"]["flag"].startswith("did not learn: predicts <oov>/<eos>") and "not comparable" in rows["stuck"]["flag"]
     assert rows["short"]["flag"] == "missed the utility target (best 0.15 < 0.18): not comparable"
     assert rows["ok"]["flag"] == "" and rows["ok"]["target"] == "reached, at round 40"
+
+
+SCALED = [  # two configurations whose p_u the scaling rule multiplied by 72.4, one it did not
+    {"p_u": 2e-5, "p_u_effective": 2e-5 * 72.4, "p_e": 0.01, "rs_memorized": True, "bs_memorized": False, "exposure": 3.0, "insertions": 2},
+    {"p_u": 1e-4, "p_u_effective": 1e-4 * 72.4, "p_e": 1.0, "rs_memorized": False, "bs_memorized": False, "exposure": 1.0, "insertions": 9},
+    {"p_u": 0.5, "p_u_effective": 0.5, "p_e": 1.0, "rs_memorized": False, "bs_memorized": False, "exposure": 1.0, "insertions": 9},
+]
+SCALED_LABELS = ["p_u=0.00145 (2e-05 x72.4) p_e=0.01", "p_u=0.00724 (0.0001 x72.4) p_e=1", "p_u=0.5 p_e=1"]
+
+
+def test_configuration_labels_show_the_scaled_p_u():
+    """The log says "p_u scaled x72.4": the audit's and the report's labels say so too."""
+    from fedpriv.memorization.audit import summarize
+
+    assert list(summarize(SCALED, "nwp")["by_configuration"]) == SCALED_LABELS
+    rows = configuration_rows(["run"], {"run": SCALED})
+    assert sorted(r["configuration"] for r in rows) == sorted(SCALED_LABELS)
+
+
+def test_audit_table_never_cuts_a_configuration_label(capsys):
+    from fedpriv.cli import _print_audit
+    from fedpriv.memorization.audit import summarize
+
+    rows = [{**r, "id": f"c{i}", "sharers": 1, "rs_rank": 1, "exposure_extrapolated": 2.0} for i, r in enumerate(SCALED)]
+    _print_audit({"task": "nwp", "parameters": "final parameters", "canaries": rows, "summary": summarize(rows, "nwp")})
+    out = capsys.readouterr().out
+    for label in SCALED_LABELS:
+        assert label in out
+    assert "…" not in out
+
+
+def test_memorized_bars_legend_covers_no_bar_and_labels_fit():
+    fig = plots.memorized_by_configuration_figure(SCALED_LABELS, ["sgd-iid", "dp-sgd-iid-long-name", "fedavg-natural", "dp-fedavg-natural"], [[6, 6, 6]] * 4)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent(renderer)
+    bars = [p.get_window_extent(renderer) for p in ax.patches]
+    assert len(bars) == 12 and not any(legend.overlaps(b) for b in bars)
+    page = fig.bbox
+    for artist in [ax.get_legend(), *ax.get_xticklabels()]:
+        box = artist.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0, artist
