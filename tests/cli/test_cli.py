@@ -86,19 +86,19 @@ def test_installed_command_prints_no_traceback(tmp_path):
 @pytest.mark.slow
 def test_config_check_and_demo(capsys, tmp_path):
     assert main(["config", "check", "experiments/demo.toml"]) == 0
-    assert "ok (experiment 'demo', 7 runs" in capsys.readouterr().out
+    assert "ok (experiment 'demo', 16 runs" in capsys.readouterr().out
     # The demo's own experiment, shortened: the same command path, a fraction of the steps.
     text = open("experiments/demo.toml").read()
-    for old, new in [("steps = 1500", "steps = 20"), ("steps = 300", "steps = 10"), ("rounds = 150", "rounds = 2"), ("rounds = 60", "rounds = 2"), ("rs_candidates = 20000", "rs_candidates = 300"), ("extraction_examples = 300", "extraction_examples = 20")]:
-        assert old in text
+    for old, new in [("seeds = [0, 1]", "seeds = [0]"), ("steps = 1500", "steps = 20"), ("steps = 300", "steps = 10"), ("steps = 60", "steps = 3"), ("rounds = 250", "rounds = 2"), ("rounds = 60", "rounds = 2"), ("rs_candidates = 20000", "rs_candidates = 300"), ("extraction_examples = 300", "extraction_examples = 20")]:
+        assert old in text, old
         text = text.replace(old, new)
     cfg = tmp_path / "demo.toml"
     cfg.write_text(text)
     assert main(["demo", "--json", "--config", str(cfg), "--out", str(tmp_path / "store")]) == 0
     result = json.loads(capsys.readouterr().out)
-    assert result["complete"] and len(result["runs"]) == 7
+    assert result["complete"] and len(result["runs"]) == 8
     sgd = result["runs"][0]
-    assert sgd["name"] == "sgd-iid" and sgd["steps"] == 20 and sgd["eval_perplexity"] > 0
+    assert sgd["name"] == "sgd-iid-s0" and sgd["group"] == "sgd-iid" and 0 < sgd["steps"] <= 20 and sgd["eval_perplexity"] > 0
     assert sgd["audit"]["total"]["canaries"] == 18
     report = Path(result["report"])
     assert (report / "comparison.md").is_file() and (report / "comparison.csv").is_file()

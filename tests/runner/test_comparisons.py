@@ -10,6 +10,7 @@ import json
 import pytest
 
 from fedpriv.config import ConfigError
+from fedpriv.report.tables import write_report
 from fedpriv.runner.grid import load_experiment
 
 TOML = """
@@ -130,7 +131,7 @@ def test_a_tiny_experiment_end_to_end(run_toml):
         assert len(s["along"]) >= 1 and all(p["validation_utility"] is not None for p in s["along"])
     assert by["user-dpsgd-s0"]["privacy_unit"] == "user" and "user-level" in by["user-dpsgd-s0"]["guarantee"]
     # the report: one row per run group, intervals, contrasts, the plot along training
-    report = store / "report"
+    report = write_report(store)
     groups = list(csv.DictReader((report / "comparison.csv").open()))
     assert [g["run"] for g in groups] == ["sgd", "fedavg", "user-dpsgd"] and all(g["seeds"] == "2" for g in groups)
     contrasts = list(csv.DictReader((report / "contrasts.csv").open()))
