@@ -29,6 +29,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/local_privacy.py
 	$(PY) benchmarks/federated_engines.py --model tiny
 	$(PY) benchmarks/federated_engines.py --model small
+	$(PY) benchmarks/empirical_audit.py --model stackoverflow
 	$(MAKE) bench-peers
 
 # fedpriv against Opacus, TensorFlow Privacy, TensorFlow Federated and Flower's built-in DP; each

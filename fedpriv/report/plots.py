@@ -196,31 +196,34 @@ def plot_memorization_vs_utility(series: Sequence[Mapping[str, Any]], path: str 
 
 
 def plot_empirical_vs_theoretical(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
-    """The empirical epsilon lower bound (y) against the accountant's epsilon (x, log scale), one
-    point per run, with the diagonal y = x: a point above it is a privacy bug. Runs without an
-    accountant's epsilon (not private) are drawn at the right edge, past a dashed line. Each
-    point: {run, epsilon (None when not private), empirical, unit}."""
+    """The empirical epsilon lower bound (y) against the accountant's epsilon (x), both on log
+    scales, one point per run, with the diagonal y = x: a point above it is a privacy bug. Runs
+    without an accountant's epsilon (not private) are drawn at the right edge, past a dashed line;
+    a bound of 0 sits on the bottom edge. Each point: {run, epsilon (None when not private),
+    empirical, unit}."""
     fig = _figure(7.5, 4.8)
     ax = fig.add_subplot()
     eps = [p["epsilon"] for p in points if p["epsilon"] is not None and p["epsilon"] > 0]
     lo, hi = (min(eps), max(eps)) if eps else (1.0, 1.0)
     edge = hi * 10 ** max(0.5, 0.25 * math.log10(hi / lo))
-    top = 1.15 * max([hi, *[p["empirical"] for p in points]])
-    xs = [lo / 10 ** 0.3 * (hi * 10 ** 0.55 / lo) ** (i / 60) for i in range(61)]  # y = x, curved on a log x axis
-    ax.plot(xs, [min(x, top) for x in xs], color="#888888", linewidth=1, label="y = x (the guarantee)")
+    found = [p["empirical"] for p in points if p["empirical"] > 0]
+    bottom = min([lo, *found]) / 10 ** 0.5
+    top = max([hi, *found]) * 10 ** 0.5
+    ax.plot([bottom, top], [bottom, top], color="#888888", linewidth=1, label="y = x (the guarantee)")
     for k, p in enumerate(points):
         private = p["epsilon"] is not None and p["epsilon"] > 0
-        ax.scatter([p["epsilon"] if private else edge], [p["empirical"]], marker="o" if private else "x", s=40,
-                   color=SERIES_COLORS[k % len(SERIES_COLORS)], label=f"{p['run']} (per {p['unit']})", zorder=3)
+        ax.scatter([p["epsilon"] if private else edge], [max(p["empirical"], bottom)], marker="o" if private else "x", s=40,
+                   color=SERIES_COLORS[k % len(SERIES_COLORS)], label=f"{p['run']} (per {p['unit']})", zorder=3, clip_on=False)
     ax.set_xscale("log")
+    ax.set_yscale("log")
     ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
     ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
     ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if eps else []
     ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
     ax.minorticks_off()
-    ax.set_ylim(0, top)
+    ax.set_ylim(bottom, top)
     ax.set_xlabel("accountant's ε (upper bound; log scale)")
-    ax.set_ylabel("empirical ε (95% lower bound)")
+    ax.set_ylabel("empirical ε (95% lower bound; log scale)")
     ax.set_title("The attack against the guarantee")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)

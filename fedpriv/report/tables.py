@@ -75,7 +75,7 @@ COMPARISON_COLUMNS = [
     "utility_metric", "test_utility", "test_utility_low", "test_utility_high", "test_accuracy", "test_perplexity",
     "target", "epsilon", "delta", "empirical_epsilon", "assumptions", "flag",
 ]
-CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds"]
+CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds", "comparable"]
 CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits"]
 
 
@@ -317,7 +317,9 @@ def group_csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 def contrast_rows(contrasts: Sequence[Mapping[str, str]], run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Sequence[Mapping[str, Any]]], notes: list[str]) -> list[dict[str, Any]]:
     """Each declared contrast a - b: RS memorized (canaries), exposure (bits) and the headline
     utility (a fraction), paired by seed, with 95% bootstrap intervals. A contrast whose sides do
-    not share their seeds (or canary counts) is left out with a note."""
+    not share their seeds (or canary counts) is left out with a note. ``comparable`` is "yes", or
+    names the flagged runs (missed the utility target, did not learn) that make the difference
+    not a comparison at matched utility."""
     by_group: dict[str, list[Mapping[str, Any]]] = {}
     for r in run_rows:
         by_group.setdefault(r["group"], []).append(r)
@@ -333,6 +335,8 @@ def contrast_rows(contrasts: Sequence[Mapping[str, str]], run_rows: Sequence[Map
             notes.append(f"contrast {c['name']!r}: {c['a']} and {c['b']} share no seed")
             continue
         ra, rb = [seeds_a[s] for s in common], [seeds_b[s] for s in common]
+        flagged = [r["run"] for r in ra + rb if r.get("flag")]
+        comparable = f"no: {', '.join(flagged)} flagged" if flagged else "yes"
         n = ra[0].get("canaries") or 0
         quantities = [("RS memorized (canaries)", "rs_memorized", float(n)), ("exposure mean (bits)", "exposure", 1.0)]
         for label, key, scale in quantities:
@@ -340,11 +344,13 @@ def contrast_rows(contrasts: Sequence[Mapping[str, str]], run_rows: Sequence[Map
             if va is None or vb is None or [len(x) for x in va] != [len(x) for x in vb]:
                 continue
             est = paired_difference(va, vb).scaled(scale)
-            out.append({"contrast": c["name"], "a": c["a"], "b": c["b"], "quantity": label, "difference": est.mean, "low": est.low, "high": est.high, "seeds": len(common)})
+            out.append({"contrast": c["name"], "a": c["a"], "b": c["b"], "quantity": label, "difference": est.mean, "low": est.low, "high": est.high, "seeds": len(common),
+                        "comparable": comparable})
         ua, ub = [r.get("test_utility") for r in ra], [r.get("test_utility") for r in rb]
         if all(u is not None for u in ua + ub):
             est = paired_difference([[u] for u in ua], [[u] for u in ub]).scaled(100.0)
-            out.append({"contrast": c["name"], "a": c["a"], "b": c["b"], "quantity": f"{ra[0].get('utility_label') or 'utility'} (points)", "difference": est.mean, "low": est.low, "high": est.high, "seeds": len(common)})
+            out.append({"contrast": c["name"], "a": c["a"], "b": c["b"], "quantity": f"{ra[0].get('utility_label') or 'utility'} (points)", "difference": est.mean, "low": est.low, "high": est.high, "seeds": len(common),
+                        "comparable": comparable})
     return out
 
 
@@ -532,8 +538,9 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
 
 def contrast_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The contrasts (a − b, mean and 95% interval, paired by seed) as Markdown lines."""
-    body = [[r["contrast"], f"{r['a']} − {r['b']}", r["quantity"], estimate_text(Estimate(r["difference"], r["low"], r["high"], r["seeds"], 0), "+.3g"), r["seeds"]] for r in rows]
-    return markdown_table(["contrast", "runs", "quantity", "difference [95% interval]", "seeds"], body)
+    body = [[r["contrast"], f"{r['a']} − {r['b']}", r["quantity"], estimate_text(Estimate(r["difference"], r["low"], r["high"], r["seeds"], 0), "+.3g"), r["seeds"],
+             r.get("comparable", "yes")] for r in rows]
+    return markdown_table(["contrast", "runs", "quantity", "difference [95% interval]", "seeds", "at matched utility"], body)
 
 
 def configuration_cell(cell: Mapping[str, Any] | None) -> str:
@@ -611,7 +618,9 @@ def comparison_markdown(
     lines += comparison_table_lines(rows)
     if contrasts:
         lines += ["", "## Contrasts", "", "Differences a − b between run groups, paired by seed (and canary), with 95% bootstrap intervals; "
-                  "an interval that contains 0 does not show a difference.", ""]
+                  "an interval that contains 0 does not show a difference. A contrast with a flagged run on either side "
+                  "(it missed the utility target, or did not learn) is not at matched utility: its memorization difference may only say "
+                  "that one side trained less.", ""]
         lines += contrast_table_lines(contrasts)
     if unfinished:
         lines += ["", "Not finished (no summary.json): " + ", ".join(unfinished) + "."]

@@ -31,6 +31,7 @@ from fedpriv.report.tables import (
     comparison_table_lines,
     configuration_rows,
     contrast_rows,
+    contrast_table_lines,
     group_rows,
     data_label,
     epsilon_curves,
@@ -413,6 +414,17 @@ def test_contrasts_are_paired_by_seed():
     assert by["RS memorized (canaries)"]["difference"] == pytest.approx(2.0)
     assert by["accuracy w/o OOV, EOS (points)"]["difference"] == pytest.approx(1.0)  # 20.5% - 19.5%
     assert all(r["seeds"] == 2 for r in rows) and notes == ["contrast 'x': nope has no finished run"]
+    assert all(r["comparable"] == "yes" for r in rows)
+    assert contrast_table_lines(rows)[0].endswith("| seeds | at matched utility |")
+
+
+def test_a_contrast_with_a_flagged_run_is_not_at_matched_utility():
+    runs, summaries, canaries = _seeded_store()
+    summaries["fedavg-s1"]["target"] = {"metric": "accuracy_no_oov_no_eos", "value": 0.3, "split": "validation", "at": "round",
+                                        "reached": False, "when": None, "reached_value": 0.2}
+    rows = contrast_rows([{"name": "c", "a": "sgd", "b": "fedavg"}], comparison_rows(runs, summaries), canaries, [])
+    assert rows and all(r["comparable"] == "no: fedavg-s1 flagged" for r in rows)
+    assert all(line.endswith("| no: fedavg-s1 flagged |") for line in contrast_table_lines(rows)[2:])
 
 
 def test_rows_that_did_not_learn_or_missed_the_target_are_flagged():
