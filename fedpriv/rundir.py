@@ -17,6 +17,7 @@ pipeline that made them::
     tokenizer.json         a BERT run's tokenizer (and its vocabulary's released record)
     vocabulary.json        the full record of a vocabulary the run learned (raw-data figures included)
     audit.json, audit.md   the memorization audit
+    failed.json            the run failed (e.g. its loss became non-finite): why, and where; never reported
     summary.json           written last by a run store: the run is complete
 
 A run store (``fedpriv run``) is a directory of run directories plus ``experiment.json`` and, for
@@ -26,18 +27,26 @@ Checkpoints are written safely: the state goes to ``checkpoint-<step>.msgpack`` 
 the arrays, flax.serialization, never pickle), then ``checkpoint.json`` naming it replaces the old
 one atomically, then older state files are removed; a crash at any point leaves the previous
 checkpoint or the new one, whole. JSON files are written atomically too.
+
+A run directory is data, not instructions: every file is checked for its shape when read (a
+one-line :class:`~fedpriv.errors.DataFormatError` naming the file), a checkpoint names only a
+state file of its own directory, a checkpoint or parameters of another model's shapes are
+refused, and the config read back drops the loader options that would write files
+(:data:`fedpriv.config.WRITE_OPTIONS`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flax import serialization
 
-from fedpriv.config import ExperimentConfig, validate_config
+from fedpriv.config import ExperimentConfig, name_problem, validate_config
 from fedpriv.errors import DataFormatError, FedprivError
 from fedpriv.jsonio import read_json, write_json_atomic
 
@@ -54,10 +63,67 @@ TOKENIZER = "tokenizer.json"
 VOCABULARY = "vocabulary.json"
 AUDIT_JSON, AUDIT_MD = "audit.json", "audit.md"
 SUMMARY = "summary.json"
+FAILED = "failed.json"
+STATE_FILE = re.compile(r"^checkpoint-[0-9]+\.msgpack$")
+#: Files a fresh start (``--restart``) removes: what training and the store wrote, never anything else.
+RUN_FILES = (CONFIG, RUN_CONFIG, METRICS, CHECKPOINT, PARAMS, LEDGER, AUDIT_JSON, AUDIT_MD, SUMMARY, FAILED)
 #: A run store's record of its experiment (every run's name, kind and resolved config).
 EXPERIMENT = "experiment.json"
 #: A run store's ``[[measure]]`` results: ``measure/NAME/measure.json`` and its plot.
 MEASURE_DIR, MEASURE_FILE, PLOT_FILE = "measure", "measure.json", "deniability.png"
+
+
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
+
+
+def expect_shape(obj: Any, path: str | os.PathLike[str], what: str, keys: dict[str, tuple[type, ...]], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``obj`` when it is a JSON object whose ``keys`` (where present; ``required`` always) have
+    the given types; else a one-line DataFormatError naming the file and the key."""
+    if not isinstance(obj, dict):
+        raise DataFormatError(path, None, f"not a {what}: a JSON object expected, got {_TYPE_NAMES.get(type(obj), type(obj).__name__)}")
+    for k in required:
+        if k not in obj:
+            raise DataFormatError(path, None, f"not a {what}: no {k!r}")
+    for k, types in keys.items():
+        if k in obj and not _is(obj[k], types):
+            want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
+            raise DataFormatError(path, None, f"{what}: {k!r} must be {want}, got {json.dumps(obj[k])[:40]}")
+    return obj
+
+
+NUM = (int, float)
+NUM_OR_NULL = (int, float, type(None))
+STR_OR_NULL = (str, type(None))
+#: What the report and later stages read from ``summary.json`` (other keys are free-form).
+SUMMARY_SHAPE: dict[str, tuple[type, ...]] = {
+    "name": (str,), "kind": (str,), "algorithm": (str,), "users": (str,), "order": (str,), "task": (str,), "engine": STR_OR_NULL,
+    "epsilon": NUM_OR_NULL, "delta": NUM_OR_NULL, "guarantee": STR_OR_NULL,
+    "client_epsilon": NUM_OR_NULL, "client_delta": NUM_OR_NULL, "client_guarantee": STR_OR_NULL,
+    "batch_size": NUM_OR_NULL, "clients_per_round": NUM_OR_NULL, "steps": NUM_OR_NULL, "rounds": NUM_OR_NULL,
+    "noise_multiplier_config": NUM_OR_NULL, "clip_norm": NUM_OR_NULL, "seconds": NUM_OR_NULL,
+    "eval_accuracy": NUM_OR_NULL, "eval_perplexity": NUM_OR_NULL, "eval_f1": NUM_OR_NULL, "eval_loss": NUM_OR_NULL,
+    "audit": (dict, type(None)), "privatize": (dict, type(None)), "vocabulary": (dict, type(None)), "starts_from": (dict, type(None)),
+}
+CHECKPOINT_SHAPE: dict[str, tuple[type, ...]] = {"step": (int,), "kind": (str,), "pending": (list,), "state_file": (str,)}
+
+
+def read_store_record(store: str | os.PathLike[str]) -> dict[str, Any]:
+    """A run store's ``experiment.json``, checked: a name, and runs each with a name that names a
+    directory of the store, a kind and a config."""
+    path = Path(store) / EXPERIMENT
+    exp = expect_shape(read_json(path, "experiment file"), path, "run store's experiment file", {"name": (str,), "runs": (list,)}, ("name", "runs"))
+    for i, run in enumerate(exp["runs"]):
+        expect_shape(run, path, f"run store's experiment file (runs[{i}])", {"name": (str,), "kind": (str,), "config": (dict,)}, ("name", "kind", "config"))
+        problem = name_problem(run["name"])
+        if problem:
+            raise DataFormatError(path, f"runs[{i}]", f"run {problem}")
+    return exp
 
 
 def measure_dir(store: str | os.PathLike[str], name: str) -> Path:
@@ -84,6 +150,17 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         return self
 
+    def reset(self) -> None:
+        """Start afresh: remove the files training and the store wrote (RUN_FILES, checkpoint
+        states, partial writes); nothing else in the directory is touched."""
+        if not self.path.is_dir():
+            return
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        for p in self.path.iterdir():
+            if (STATE_FILE.match(p.name) or p.name.endswith(".partial")) and p.is_file():
+                p.unlink()
+
     # ---- JSON files ------------------------------------------------------------------------------
     def write_json(self, name: str, obj: Any, indent: int | None = None) -> Path:
         return write_json_atomic(self.path / name, obj, indent=indent)
@@ -96,18 +173,23 @@ class RunDir:
         """``config.json``: ``meta`` holds ``experiment`` (the resolved config) and the trainer's facts."""
         (self.path / CONFIG).write_text(json.dumps(meta, indent=1))
 
-    def experiment_config(self) -> ExperimentConfig:
-        """The resolved experiment config the run was trained with (``config.json``)."""
+    def config_meta(self) -> dict[str, Any] | None:
+        """``config.json`` as written (None when there is none), checked to be a JSON object."""
         path = self.path / CONFIG
-        try:
-            meta = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FedprivError(f"{self.path}: not a run directory (no {CONFIG}); train first with fedpriv train") from None
-        except ValueError as e:
-            raise FedprivError(f"{path}: unreadable ({e})") from None
+        if not path.is_file():
+            return None
+        return expect_shape(read_json(path, "run config"), path, "run config", {"experiment": (dict,)})
+
+    def experiment_config(self) -> ExperimentConfig:
+        """The resolved experiment config the run was trained with (``config.json``), without
+        loader options that write files (the directory is data, not instructions)."""
+        path = self.path / CONFIG
+        meta = self.config_meta()
+        if meta is None:
+            raise FedprivError(f"{self.path}: not a run directory (no {CONFIG}); train first with fedpriv train")
         if "experiment" not in meta:
             raise FedprivError(f"{path}: no experiment config recorded; retrain with this version of fedpriv")
-        return validate_config(meta["experiment"], str(path))
+        return validate_config(meta["experiment"], str(path)).without_write_targets()
 
     # ---- metrics.jsonl --------------------------------------------------------------------------
     def append_metrics(self, row: dict[str, Any]) -> None:
@@ -115,11 +197,12 @@ class RunDir:
             f.write(json.dumps(row) + "\n")
 
     def truncate_metrics(self, step: int) -> None:
-        """Keep the rows up to ``step`` (a resumed run writes the rest again)."""
+        """Keep the rows up to ``step`` (a resumed run writes the rest again); a torn last line
+        (a kill during an append) is dropped."""
         path = self.path / METRICS
         if not path.exists():
             return
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        keep = [json.dumps(row) for row in self._metric_rows(torn_tail_ok=True) if row["step"] <= step]
         tmp = path.with_name(path.name + ".partial")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, path)
@@ -128,10 +211,32 @@ class RunDir:
         (self.path / METRICS).unlink(missing_ok=True)
 
     def metrics(self) -> list[dict[str, Any]]:
+        """Every row of ``metrics.jsonl``; DataFormatError naming the line of a damaged one."""
+        return self._metric_rows(torn_tail_ok=False)
+
+    def _metric_rows(self, torn_tail_ok: bool) -> list[dict[str, Any]]:
         path = self.path / METRICS
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataFormatError(path, None, f"unreadable metrics ({e})") from None
+        lines = text.split("\n")
+        rows = []
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                if torn_tail_ok and i == len(lines) and not text.endswith("\n"):
+                    break  # the last append was cut short: that row comes after the checkpoint
+                raise DataFormatError(path, i, f"not a JSON metrics row ({e}); delete the run directory or pass --restart to start over") from None
+            if not isinstance(row, dict) or not _is(row.get("step"), (int,)):
+                raise DataFormatError(path, i, "a metrics row must be a JSON object with an integer 'step'")
+            rows.append(row)
+        return rows
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, state: Any, meta: dict[str, Any]) -> None:
@@ -147,27 +252,27 @@ class RunDir:
                 old.unlink(missing_ok=True)
 
     def checkpoint_meta(self) -> dict[str, Any] | None:
-        """The last checkpoint's metadata, or None when there is none."""
+        """The last checkpoint's metadata, or None when there is none; its state file must be a
+        ``checkpoint-<step>.msgpack`` of this directory."""
         path = self.path / CHECKPOINT
         if not path.is_file():
             return None
         try:
             meta = json.loads(path.read_text())
-            int(meta["step"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError) as e:
             raise DataFormatError(path, None, f"unreadable checkpoint ({e}); delete the directory to start over") from None
+        expect_shape(meta, path, "checkpoint record", CHECKPOINT_SHAPE, ("step", "state_file"))
+        if meta["step"] < 0 or not STATE_FILE.match(meta["state_file"]):
+            raise DataFormatError(path, None, f"not a checkpoint record: step {meta['step']}, state file {meta['state_file'][:60]!r} (a checkpoint-<step>.msgpack of this directory expected)")
         return meta
 
     def load_checkpoint(self, template: Any) -> tuple[Any, dict[str, Any]] | None:
         """``(state, meta)`` of the last checkpoint, or None. ``template``: a state of the same
-        structure (fresh parameters and optimizer state)."""
+        structure (fresh parameters and optimizer state); a state of other shapes is refused."""
         meta = self.checkpoint_meta()
         if meta is None:
             return None
-        try:
-            state = serialization.from_bytes(template, (self.path / meta["state_file"]).read_bytes())
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DataFormatError(self.path / CHECKPOINT, None, f"unreadable checkpoint ({e}); delete the directory to start over") from None
+        state = self._restore(template, self.path / meta["state_file"], "checkpoint")
         return state, meta
 
     # ---- parameters -------------------------------------------------------------------------------
@@ -192,22 +297,81 @@ class RunDir:
     def load_params(self, template: Any) -> tuple[Any, str]:
         """The final parameters, else the last checkpoint's: ``(params, where from)``."""
         if self.has_params():
-            return serialization.from_bytes(template, (self.path / PARAMS).read_bytes()), "final parameters"
+            return self._restore(template, self.path / PARAMS, "parameters"), "final parameters"
         meta = self.checkpoint_meta()
         if meta is not None:
-            raw = serialization.msgpack_restore((self.path / meta["state_file"]).read_bytes())
-            return serialization.from_state_dict(template, raw["params"]), f"checkpoint at step {meta['step']} (the run is unfinished)"
+            state = self._restore({"params": template}, self.path / meta["state_file"], "checkpoint", partial=True)
+            return state["params"], f"checkpoint at step {meta['step']} (the run is unfinished)"
         raise FedprivError(f"{self.path}: no parameters (neither {PARAMS} nor a checkpoint)")
+
+    @staticmethod
+    def _restore(template: Any, path: Path, what: str, partial: bool = False) -> Any:
+        """``template`` filled from the msgpack file ``path``; DataFormatError when it is damaged
+        or holds another structure or other shapes (e.g. another model size). ``partial``: the
+        file may hold more top-level entries than ``template`` (a checkpoint read for its params)."""
+        hint = "delete the run directory or pass --restart to start over"
+        try:
+            raw = serialization.msgpack_restore(path.read_bytes())
+        except FileNotFoundError:
+            raise DataFormatError(path, None, f"the {what} file is missing; {hint}") from None
+        except Exception as e:  # msgpack raises several unrelated types on damaged input
+            raise DataFormatError(path, None, f"unreadable {what} ({type(e).__name__}: {e}); {hint}") from None
+        if partial and isinstance(raw, dict):
+            raw = {k: raw[k] for k in template if k in raw}
+        want = serialization.to_state_dict(template)
+        problem = _tree_mismatch(want, raw, "")
+        if problem:
+            raise DataFormatError(path, None, f"the {what} holds {problem} (another model or config?); {hint}")
+        return serialization.from_state_dict(template, raw)
 
     # ---- the run store's files ------------------------------------------------------------------
     def has_summary(self) -> bool:
         return self.has(SUMMARY)
 
     def summary(self) -> dict[str, Any]:
-        return self.read_json(SUMMARY, "run summary")
+        path = self.path / SUMMARY
+        return expect_shape(read_json(path, "run summary"), path, "run summary", SUMMARY_SHAPE, ("name", "kind"))
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.path / SUMMARY, summary)
 
+    def audit(self) -> dict[str, Any]:
+        """``audit.json``, checked: a summary object and a list of canary rows (objects)."""
+        path = self.path / AUDIT_JSON
+        audit = expect_shape(read_json(path, "audit"), path, "audit", {"summary": (dict,), "canaries": (list,), "settings": (dict,), "extraction": (dict, type(None))}, ("summary",))
+        for i, row in enumerate(audit.get("canaries", [])):
+            expect_shape(row, path, f"audit (canaries[{i}])", {"p_u": NUM, "p_e": NUM, "insertions": NUM_OR_NULL, "exposure": NUM_OR_NULL, "pattern": STR_OR_NULL})
+        return audit
+
     def audit_summary(self) -> dict[str, Any] | None:
-        return self.read_json(AUDIT_JSON, "audit")["summary"] if self.has(AUDIT_JSON) else None
+        return self.audit()["summary"] if self.has(AUDIT_JSON) else None
+
+    # ---- failure --------------------------------------------------------------------------------
+    def write_failure(self, reason: str, step: int, checkpoint_step: int | None) -> None:
+        """Mark the run failed (``failed.json``): it is never reported as a result."""
+        self.write_json(FAILED, {"reason": reason, "step": step, "checkpoint_step": checkpoint_step}, indent=1)
+
+    def failure(self) -> dict[str, Any] | None:
+        """Why the run failed (``failed.json``), or None."""
+        path = self.path / FAILED
+        if not path.is_file():
+            return None
+        return expect_shape(read_json(path, "failure record"), path, "failure record", {"reason": (str,), "step": (int,)}, ("reason",))
+
+
+def _tree_mismatch(want: Any, got: Any, where: str) -> str | None:
+    """Where the state dict ``got`` differs from ``want`` in structure or array shapes, or None."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(want) != set(got):
+            missing = sorted(set(want) - set(got)) if isinstance(got, dict) else []
+            return f"other entries at {where or 'the top'}" + (f" (no {missing[0]!r})" if missing else "")
+        for k in want:
+            problem = _tree_mismatch(want[k], got[k], f"{where}/{k}")
+            if problem:
+                return problem
+        return None
+    if hasattr(want, "shape"):
+        shape = getattr(got, "shape", None)
+        if shape is None or tuple(shape) != tuple(np.shape(want)):
+            return f"an array of shape {shape} at {where}, where {tuple(np.shape(want))} was expected"
+    return None

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -119,48 +121,75 @@ def _print_stats(stats: dict) -> None:
 def config_check(
     path: Path = typer.Argument(..., help="An experiment TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
+    static: bool = typer.Option(False, "--static", help="Check the keys only; do not load the data (cohort and batch sizes, calibration are not checked)."),
 ) -> None:
-    """Validate an experiment config (or an experiment with [[runs]], every run resolved):
-    unknown keys and wrong types are refused by key path."""
-    import tomllib
+    """Validate an experiment config (or an experiment with [[runs]], every run resolved) with
+    the checks training makes before its first step: unknown keys and wrong types by key path,
+    impossible privacy, then (unless --static) the data: cohort and batch sizes, delta against
+    1/N, the noise calibration."""
+    from fedpriv.runner.checks import check_file
 
-    from fedpriv.config import load_config
-
-    if path.suffix == ".toml" and path.is_file() and "runs" in tomllib.loads(path.read_text(encoding="utf-8")):
-        from fedpriv.runner.grid import read_experiment
-
-        exp = read_experiment(path)
-        name, specs = exp.name, exp.runs
+    with _naming(path):
+        checked = check_file(path, static)
+    runs = checked.runs
+    for r in runs:
+        for w in r.warnings:
+            _warn(f"run {r.name!r}: {w}" if checked.experiment else w)
+    scope = " (static checks only: data not loaded)" if static else ""
+    skipped = [r.name for r in runs if r.skipped]
+    if skipped and not static:
+        scope = f" (the data of {', '.join(skipped)} is checked when the runs they start from have trained)"
+    if checked.experiment:
         if as_json:
-            doc: dict = {"name": name, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}
-            if exp.measures:
-                doc["measures"] = [m.model_dump() for m in exp.measures]
+            doc: dict = {"name": checked.name, "runs": [{"name": r.name, "kind": r.kind, "config": r.config.model_dump()} for r in runs]}
+            if checked.measures:
+                doc["measures"] = [m.model_dump() for m in checked.measures]
             print(json.dumps(doc, indent=2))
         else:
-            measures = f"; {len(exp.measures)} measurements: {', '.join(m.name for m in exp.measures)}" if exp.measures else ""
-            out.print(f"{path}: ok (experiment {name!r}, {len(specs)} runs: {', '.join(s.name for s in specs)}{measures})")
+            listed = f"; {len(checked.measures)} measurements: {', '.join(m.name for m in checked.measures)}" if checked.measures else ""
+            out.print(f"{path}: ok{scope} (experiment {checked.name!r}, {len(runs)} runs: {', '.join(r.name for r in runs)}{listed})", markup=False, highlight=False)
         return
-    cfg = load_config(path)
+    cfg = runs[0].config
     if as_json:
         print(json.dumps(cfg.model_dump(), indent=2))
     else:
-        out.print(f"{path}: ok (experiment {cfg.name!r}, source {cfg.data.source!r})")
+        out.print(f"{path}: ok{scope} (experiment {cfg.name!r}, source {cfg.data.source!r})", markup=False, highlight=False)
 
 
-def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int]) -> dict:
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Errors inside name ``path`` (the config they come from) unless they already do."""
+    try:
+        yield
+    except FedprivError as e:
+        if str(path) in str(e):
+            raise
+        raise FedprivError(f"{path}: {e}") from None
+
+
+def _warn(message: str) -> None:
+    err.print(f"fedpriv: warning: {message}", markup=False, highlight=False, soft_wrap=True)
+
+
+_RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's checkpoint, metrics and parameters first (needed after a config change or a failed run).")
+
+
+def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], restart: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
-    from fedpriv.config import load_config
+    from fedpriv.config import check_kind, load_config
+    from fedpriv.rundir import RunDir
     from fedpriv.runner.dispatch import train_run
     from fedpriv.runner.prepare import prepare
     from fedpriv.runner.summary import train_summary
 
     say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
     cfg = load_config(config)
-    if kind == "federated" and cfg.federated is None:
-        raise FedprivError(f"{config}: no [federated] section (see experiments/fedavg-shakespeare.toml)")
-    prepared = prepare(cfg, log=say)
+    check_kind(cfg, kind, str(config))
     default = Path("runs") / (cfg.name if kind == "central" else f"{cfg.name}-federated")
     run_dir = out_dir or default
+    if restart:
+        RunDir(run_dir).reset()
+    prepared = prepare(cfg, log=say)
     result = train_run(prepared, run_dir, kind, engine, stop_after, say)
     return train_summary(prepared, kind, run_dir, result, engine)
 
@@ -178,9 +207,11 @@ def train_central_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
+    restart: bool = _RESTART,
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
-    summary = _train(config, "central", out, None, as_json, stop_after)
+    with _naming(config):
+        summary = _train(config, "central", out, None, as_json, stop_after, restart)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -194,9 +225,11 @@ def train_federated_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
+    restart: bool = _RESTART,
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
-    summary = _train(config, "federated", out, engine, as_json, stop_after)
+    with _naming(config):
+        summary = _train(config, "federated", out, engine, as_json, stop_after, restart)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -211,12 +244,14 @@ def run_cmd(
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
+    restart: bool = typer.Option(False, "--restart", help="Start runs whose config changed, and failed runs, afresh (finished unchanged runs are kept)."),
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
-    from fedpriv.runner.store import run_experiment
+    from fedpriv.runner.store import failures, run_experiment
 
     say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
-    store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_), stop_after, say)
+    with _naming(experiment):
+        store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_), stop_after, say, restart)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -224,13 +259,21 @@ def run_cmd(
         written = write_report(store)
     if as_json:
         print(json.dumps({"store": str(store), "complete": complete, "runs": summaries, "report": str(written) if written else None}, indent=2))
-        return
-    if not complete:
+    elif not complete:
         out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}` again to resume ({store})")
-        return
-    if written is not None:
+    elif written is not None:
         out.print((written / "comparison.md").read_text(), markup=False, highlight=False)
         out.print(f"report: {written}")
+    failed = failures(store, _run_names(store))
+    if failed:
+        listed = "; ".join(f"{n}: {why}" for n, why in failed.items())
+        raise FedprivError(f"{store}: {len(failed)} run(s) failed and are left out of the report ({listed}); fix their config and pass --restart")
+
+
+def _run_names(store: Path) -> list[str]:
+    from fedpriv.rundir import read_store_record
+
+    return [r["name"] for r in read_store_record(store)["runs"]]
 
 
 @app.command("report")
@@ -300,7 +343,7 @@ def demo(
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, [], True, as_json, None)
+    run_cmd(config, out_dir, [], True, as_json, None, False)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -327,6 +370,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a path the user gave cannot be read or written (permissions, full disk, not a directory)
+        if debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        err.print(f"fedpriv: error: {where}{e.strerror or e}", markup=False, highlight=False, soft_wrap=True)
+        return 2
     except Exception as e:  # noqa: BLE001 - one line, not a traceback, unless asked
         if debug:
             raise

@@ -23,7 +23,7 @@ from dataclasses import replace
 from typing import Any
 
 from fedpriv.errors import FedprivError, PrivacyParameterError
-from fedpriv.privacy.accounting import AccountantName, GaussianSteps, PrivacyAnswer, check_delta, epsilon_for, resolve_noise_multiplier, steps_within_budget
+from fedpriv.privacy.accounting import AccountantName, GaussianSteps, PLDTooCostly, PrivacyAnswer, check_delta, check_pld_cost, epsilon_for, resolve_noise_multiplier, steps_within_budget
 from fedpriv.privacy.ledger import PrivacyLedger
 
 
@@ -55,6 +55,11 @@ class DPBudget:
         self.planned = template.steps
         self.noise_multiplier = resolve_noise_multiplier(template, noise_multiplier, target_epsilon, delta, accountant, say)
         self.event: GaussianSteps | None = replace(template, noise_multiplier=self.noise_multiplier, steps=1) if self.noise_multiplier > 0 else None
+        if accountant == "pld" and self.event is not None:  # every train row asks the accountant: refuse now what it cannot answer
+            try:
+                check_pld_cost([self.event.with_steps(self.planned)])
+            except PLDTooCostly as e:
+                raise PLDTooCostly(f"{key}.accountant = 'pld': {e}") from None
         self.max_steps = self.planned
         if epsilon_budget is not None:
             if self.event is None:

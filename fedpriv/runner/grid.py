@@ -58,20 +58,18 @@ import copy
 import itertools
 import os
 import re
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, validate_config, validate_measure
+from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, name_problem, read_toml, validate_config, validate_measure
 from fedpriv.errors import ConfigError
 
 MEASURE_KEY = "measure"
 RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "grid"}
 SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 
 
 
@@ -199,8 +197,9 @@ def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
         for run in _expand_run(entry, f"{origin}: runs[{i}]"):
             name, kind = run.get("name"), run.get("kind")
             where = f"{origin}: run {name!r}"
-            if not isinstance(name, str) or not _NAME.match(name):
-                raise ConfigError(f"{origin}: runs[{i}]: name {name!r} must be letters, digits and _.=+- (it names a directory)")
+            problem = name_problem(name)
+            if problem:
+                raise ConfigError(f"{origin}: runs[{i}]: {problem}")
             if kind not in ("central", "federated"):
                 raise ConfigError(f"{where}: kind must be 'central' or 'federated', got {kind!r}")
             merged = copy.deepcopy(base)
@@ -287,12 +286,7 @@ def read_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
 
 def _read_raw(path: str | os.PathLike[str], overrides: dict[str, Any] | None) -> tuple[str, dict[str, Any], str]:
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    raw = read_toml(path)
     for key, value in (overrides or {}).items():
         _set_path(raw, key, value)
     if "name" not in raw:

@@ -14,35 +14,34 @@ Runs go in file order. A run with ``summary.json`` is skipped; a run with final 
 summary is audited; any other run trains, resuming from its last checkpoint (the trainers resume
 exactly, so an interrupted store ends with the same numbers as an uninterrupted one). The data is
 prepared once per distinct (data, vocab, task, canaries) setting and shared by the runs that use it.
+
+A run whose training diverges (non-finite loss or parameters) is marked failed (``failed.json``),
+the other runs go on, and the report leaves it out; a later ``fedpriv run`` skips it. A store
+refuses a run whose config changed since it started, naming the changed keys; ``restart``
+(``fedpriv run --restart``) starts such runs, and failed ones, afresh.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedpriv.config import validate_config
-from fedpriv.errors import FedprivError
+from fedpriv.config import changed_keys, check_kind, normalized_config
+from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.jsonio import write_json_atomic
-from fedpriv.rundir import EXPERIMENT, RUN_CONFIG, RunDir
+from fedpriv.rundir import EXPERIMENT, RUN_CONFIG, RunDir, read_store_record
 from fedpriv.runner.audit import audit_run
+from fedpriv.runner.checks import data_key
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs
 from fedpriv.runner.measure import check_measures, run_measures
 from fedpriv.runner.prepare import prepare
 from fedpriv.runner.summary import run_summary
 from fedpriv.training.prepared import Prepared
-
-
-def _data_key(spec: RunSpec) -> str:
-    c = spec.config
-    return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None,
-                       c.privatize.model_dump() if c.privatize else None], sort_keys=True)
 
 
 def _train(spec: RunSpec, prepared: Prepared, run: RunDir, stop_after: int | None, log: Callable[[str], None]) -> bool:
@@ -55,26 +54,49 @@ def _train(spec: RunSpec, prepared: Prepared, run: RunDir, stop_after: int | Non
     return run.has_params()
 
 
-def _normalized(raw: dict[str, Any]) -> dict[str, Any]:
-    """A stored run config re-validated, so keys a newer schema adds with their defaults compare equal."""
+def _in_run(where: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a FedprivError's message prefixed with ``where`` (the run it belongs to)."""
     try:
-        return validate_config(raw).model_dump()
-    except FedprivError:
-        return raw
+        return fn(*args)
+    except (TrainingDiverged, ConfigChanged):
+        raise
+    except FedprivError as e:
+        if where in str(e):
+            raise
+        raise FedprivError(f"{where}: {e}") from None
 
 
-def check_store(store: Path, name: str, specs: list[RunSpec]) -> None:
-    """Refuse a store that holds another experiment, or a run whose config changed."""
+def check_store(store: Path, name: str, specs: list[RunSpec], restart: bool = False) -> list[str]:
+    """Refuse a store that holds another experiment, or a run whose config changed (naming the
+    changed keys); with ``restart``, return the names of the changed runs instead (to start afresh)."""
     path = store / EXPERIMENT
     if not path.is_file():
-        return
-    old = json.loads(path.read_text())
-    if old.get("name") != name:
-        raise FedprivError(f"{store} holds experiment {old.get('name')!r}, not {name!r}; use another --out")
-    before = {r["name"]: _normalized(r["config"]) for r in old.get("runs", [])}
+        return []
+    old = read_store_record(store)
+    if old["name"] != name:
+        raise FedprivError(f"{store} holds experiment {old['name']!r}, not {name!r}; use another --out")
+    before = {r["name"]: normalized_config(r["config"]) for r in old["runs"]}
+    changed_runs = []
     for s in specs:
-        if s.name in before and before[s.name] != s.raw and (store / s.name).exists():
-            raise FedprivError(f"{store / s.name}: the run's config changed since it was started; delete that directory or use another --out")
+        if s.name not in before or not (store / s.name).exists():
+            continue
+        changed = changed_keys(before[s.name], normalized_config(s.raw))
+        if changed and not restart:
+            keys = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+            raise ConfigChanged(f"{store / s.name}: the run's config changed since it was started ({keys}); pass --restart to start it afresh, or use another --out")
+        if changed:
+            changed_runs.append(s.name)
+    return changed_runs
+
+
+def failures(store: str | os.PathLike[str], names: list[str]) -> dict[str, str]:
+    """Run name -> why it failed, for the runs of ``names`` marked failed in ``store``."""
+    out = {}
+    for n in names:
+        failed = RunDir(Path(store) / n).failure()
+        if failed is not None:
+            out[n] = failed["reason"]
+    return out
 
 
 def run_experiment(
@@ -83,18 +105,28 @@ def run_experiment(
     overrides: dict[str, Any] | None = None,
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
+    restart: bool = False,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
     (see the module docstring). ``stop_after``: stop the first run that trains once it has done
-    this many more steps or rounds, with a checkpoint (a kill).
-    Returns (store, summaries of the finished runs, whether every run finished)."""
+    this many more steps or rounds, with a checkpoint (a kill). ``restart``: start runs whose
+    config changed, and failed runs, afresh.
+    Returns (store, summaries of the finished runs, whether every run finished or failed:
+    :func:`failures` names the failed ones)."""
     say = log or (lambda _m: None)
     experiment = read_experiment(path, overrides)
     name, specs, measures = experiment.name, experiment.runs, experiment.measures
+    for spec in specs:
+        check_kind(spec.config, spec.kind, f"{path}: run {spec.name!r}")
     store = Path(store) if store is not None else Path("runs") / name
     store.mkdir(parents=True, exist_ok=True)
-    check_store(store, name, specs)
+    fresh = check_store(store, name, specs, restart)
+    if restart:
+        fresh += list(failures(store, [s.name for s in specs]))
     check_measures(store, measures)
+    for n in fresh:
+        say(f"[{n}] starting afresh")
+        RunDir(store / n).reset()
     record = {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}
     if measures:
         record["measures"] = [m.model_dump() for m in measures]
@@ -114,22 +146,31 @@ def run_experiment(
             summaries.append(run.summary())
             say(f"{tag} complete, skipped")
             continue
+        failed = run.failure()
+        if failed is not None:
+            say(f"{tag} failed earlier, skipped ({failed['reason']}); pass --restart to train it afresh")
+            continue
         run.create()
         refs = run_refs(spec.config)
         spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
         run.write_json(RUN_CONFIG, spec.raw)
-        key = _data_key(spec)
+        key = data_key(spec.config)
+        where = f"{path}: run {spec.name!r}"
         if key not in prepared_by_key:
-            prepared_by_key[key] = prepare(spec.config, prefixed)
+            prepared_by_key[key] = _in_run(where, prepare, spec.config, prefixed)
         prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
         t0 = time.perf_counter()
         if not run.has_params():
-            done = _train(spec, prepared, run, stop_after, prefixed)
+            try:
+                done = _in_run(where, _train, spec, prepared, run, stop_after, prefixed if log else None)
+            except TrainingDiverged as e:
+                say(f"{tag} failed: {e}")
+                continue
             if not done:
                 say(f"{tag} stopped with a checkpoint; run the same command again to resume")
                 return store, summaries, False
         if spec.config.canaries is not None and prepared.task.name in ("nwp", "mlm"):
-            audit_run(run.path, log=prefixed, prepared=prepared)
+            _in_run(where, lambda: audit_run(run.path, log=prefixed, prepared=prepared))
         summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs)
         run.write_summary(summary)
         summaries.append(summary)

@@ -1,0 +1,139 @@
+"""The one validation that ``fedpriv config check``, ``fedpriv train`` and ``fedpriv run`` share.
+
+Three stages, each before any training step:
+
+1. the config's keys (:func:`fedpriv.config.validate_config`: types, ranges, finite numbers,
+   names, meaningless or impossible privacy), and the run's kind (:func:`fedpriv.config.check_kind`);
+   before any data is read;
+2. once the data is prepared, what depends on it (:func:`check_prepared`): cohorts within the
+   training users, batches within the data they draw from, delta against 1/N of the privacy unit;
+3. the trainer's own objects, built exactly as training builds them (:func:`build_trainer_parts`):
+   the DP budget (a noise multiplier calibrated to a reachable target epsilon, an epsilon budget
+   that allows a step, the accountant's bounds), the cohort sampler, the clipping mode.
+
+Training runs stage 3 when its trainer starts; ``config check`` runs it without training. So
+``config check`` accepts exactly what training accepts (``--static`` stops after stage 1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedpriv.config import ExperimentConfig, check_kind, load_config, read_toml
+from fedpriv.errors import ConfigError
+from fedpriv.training.prepared import Prepared
+
+
+def data_key(c: ExperimentConfig) -> str:
+    """What decides a run's prepared data: runs with the same key share one preparation."""
+    return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None,
+                       c.privatize.model_dump() if c.privatize else None], sort_keys=True)
+
+
+def check_prepared(prepared: Prepared, kind: str) -> list[str]:
+    """Stage 2: refuse what the prepared data makes impossible (ConfigError naming the key);
+    return warnings (e.g. delta above 1/N of the privacy unit)."""
+    cfg = prepared.config
+    records = int(len(prepared.train_arrays["mask"]))
+    counts = prepared.train.counts()
+    users = int(len(counts))
+    warnings: list[str] = []
+
+    def delta_warning(key: str, delta: float, n: int, unit: str) -> None:
+        if delta > 1.0 / n:
+            warnings.append(f"{key} = {delta:g} exceeds 1/N = {1.0 / n:.3g} for N = {n} {unit}s: a mechanism that publishes one {unit} in the clear meets it; use delta well below 1/N")
+
+    if kind == "central":
+        b = cfg.training.batch_size
+        if b > records:
+            raise ConfigError(f"training.batch_size = {b} exceeds the {records} training records; use at most {records}")
+        p = cfg.privacy
+        if p is not None and p.private:
+            delta_warning("privacy.delta", p.delta, records, "example")
+        return warnings
+    f = cfg.federated
+    assert f is not None  # check_kind refused it before
+    if f.clients_per_round > users:
+        raise ConfigError(f"federated.clients_per_round = {f.clients_per_round} exceeds the {users} training users; use at most {users}")
+    biggest = int(max(counts))
+    if f.local_batch_size > biggest:
+        raise ConfigError(f"federated.local_batch_size = {f.local_batch_size} exceeds the {biggest} examples of the largest training user (a local batch holds one user's examples); use at most {biggest}")
+    if f.dp is not None:
+        delta_warning("federated.dp.delta", f.dp.delta, users, "user")
+    if f.client_dp is not None:
+        delta_warning("federated.client_dp.delta", f.client_dp.delta, records, "example")
+    return warnings
+
+
+def build_trainer_parts(prepared: Prepared, kind: str, log: Callable[[str], None] | None = None) -> None:
+    """Stage 3: build what the trainer builds before its first step (and discard it)."""
+    if kind == "central":
+        from fedpriv.central.train import central_stepper
+
+        central_stepper(prepared, log)
+    else:
+        from fedpriv.engines.setup import FederatedSetup
+
+        FederatedSetup(prepared, log)
+
+
+@dataclass
+class CheckedRun:
+    """One run as ``config check`` saw it."""
+
+    name: str
+    kind: str
+    config: ExperimentConfig
+    warnings: list[str] = field(default_factory=list)
+    skipped: str | None = None  # why the data stages did not run (e.g. it starts from an earlier run)
+
+
+@dataclass
+class CheckedFile:
+    """A config (one run) or an experiment file (``[[runs]]``, ``[[measure]]``) as ``config check`` saw it."""
+
+    name: str
+    runs: list[CheckedRun]
+    measures: list[Any]
+    experiment: bool
+
+
+def check_file(path: str | Path, static: bool = False, log: Callable[[str], None] | None = None) -> CheckedFile:
+    """Every check training would make on the config or experiment file at ``path``, without
+    training. ``static``: the config's keys and the runs' kinds only, no data read."""
+    from fedpriv.runner.grid import read_experiment, run_refs, privatize_ref
+    from fedpriv.runner.prepare import prepare
+
+    path = Path(path)
+    experiment = path.suffix != ".json" and "runs" in read_toml(path)
+    if experiment:
+        exp = read_experiment(path)
+        name, measures = exp.name, exp.measures
+        runs = [CheckedRun(s.name, s.kind, s.config) for s in exp.runs]
+    else:
+        cfg = load_config(path)
+        name, measures = cfg.name, []
+        runs = [CheckedRun(cfg.name, "federated" if cfg.federated is not None else "central", cfg)]
+    for r in runs:
+        check_kind(r.config, r.kind, f"{path}: run {r.name!r}" if len(runs) > 1 or r.name != name else str(path))
+    checked = CheckedFile(name, runs, measures, experiment)
+    if static:
+        return checked
+    prepared_by_key: dict[str, Prepared] = {}
+    for r in runs:
+        refs = list(run_refs(r.config).values()) + [x for x in [privatize_ref(r.config)] if x]
+        if refs:
+            r.skipped = f"starts from run {refs[0]!r}: its data is checked when that run has trained"
+            continue
+        key = data_key(r.config)
+        if key not in prepared_by_key:
+            prepared_by_key[key] = prepare(r.config, log)
+        prepared = dataclasses.replace(prepared_by_key[key], config=r.config)
+        r.warnings = check_prepared(prepared, r.kind)
+        build_trainer_parts(prepared, r.kind, log)
+    return checked
