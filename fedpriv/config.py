@@ -568,4 +568,7 @@ def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: JSON syntax error: {e}") from None
         return validate_config(raw, str(path))
-    return validate_config(read_toml(path), str(path))
+    raw = read_toml(path)
+    if "runs" in raw:
+        raise ConfigError(f"{path}: an experiment file ([[runs]]), not one config: train its runs with fedpriv run")
+    return validate_config(raw, str(path))

@@ -9,7 +9,7 @@ import pytest
 from flax import serialization
 
 from fedpriv.errors import DataFormatError, FedprivError
-from fedpriv.rundir import CHECKPOINT, METRICS, PARAMS, RunDir
+from fedpriv.rundir import CHECKPOINT, METRICS, PARAMS, RunDir, read_store_record
 
 
 def test_checkpoints_replace_each_other_whole_and_damage_is_named(tmp_path):
@@ -66,3 +66,75 @@ def test_the_experiment_config_is_read_back_and_a_bad_one_named(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"training": {}}))
     with pytest.raises(FedprivError, match="no experiment config recorded"):
         run.experiment_config()
+
+
+# ---- a run directory is data, not instructions --------------------------------------------------
+def test_a_checkpoint_names_only_a_state_file_of_its_own_directory(tmp_path):
+    run = RunDir(tmp_path / "run")
+    state = {"w": np.ones(2, np.float32)}
+    run.save_checkpoint(state, {"step": 2})
+    outside = tmp_path / "secret.msgpack"
+    outside.write_bytes(serialization.to_bytes(state))
+    for bad in ["../secret.msgpack", str(outside), "checkpoint-2.msgpack/../../secret.msgpack", 7]:
+        (run.path / CHECKPOINT).write_text(json.dumps({"step": 2, "state_file": bad}))
+        with pytest.raises(DataFormatError, match="checkpoint.json"):
+            run.load_checkpoint(state)
+    for meta in ([1, 2], {"step": "2", "state_file": "checkpoint-2.msgpack"}, {"step": -1, "state_file": "checkpoint-2.msgpack"}, {"state_file": "checkpoint-2.msgpack"}):
+        (run.path / CHECKPOINT).write_text(json.dumps(meta))
+        with pytest.raises(DataFormatError, match="checkpoint"):
+            run.checkpoint_meta()
+
+
+def test_a_checkpoint_or_parameters_of_another_model_are_refused(tmp_path):
+    run = RunDir(tmp_path)
+    run.save_checkpoint({"params": {"w": np.ones((2, 3), np.float32)}}, {"step": 1})
+    with pytest.raises(DataFormatError, match=r"array of shape \(2, 3\) at /params/w, where \(4, 3\) was expected"):
+        run.load_checkpoint({"params": {"w": np.zeros((4, 3), np.float32)}})
+    with pytest.raises(DataFormatError, match="other entries"):
+        run.load_checkpoint({"params": {"v": np.zeros((2, 3), np.float32)}})
+    run.write_params({"w": np.ones((2, 3), np.float32)})
+    with pytest.raises(DataFormatError, match="parameters holds an array of shape"):
+        run.load_params({"w": np.zeros(3, np.float32)})
+    (tmp_path / PARAMS).write_bytes((tmp_path / PARAMS).read_bytes()[:10])  # truncated
+    with pytest.raises(DataFormatError, match="unreadable parameters"):
+        run.load_params({"w": np.zeros((2, 3), np.float32)})
+
+
+def test_a_torn_last_metrics_line_is_dropped_on_resume_and_other_damage_named(tmp_path):
+    run = RunDir(tmp_path)
+    run.append_metrics({"step": 1, "split": "train"})
+    run.append_metrics({"step": 2, "split": "train"})
+    with open(tmp_path / METRICS, "a") as f:
+        f.write('{"step": 3, "spl')  # a kill during the append
+    with pytest.raises(DataFormatError, match=r"metrics.jsonl:3: not a JSON metrics row"):
+        run.metrics()
+    run.truncate_metrics(2)
+    assert [r["step"] for r in run.metrics()] == [1, 2]
+    (tmp_path / METRICS).write_text('{"step": 1}\n{"step": 2\n{"step": 3}\n')
+    with pytest.raises(DataFormatError, match=r"metrics.jsonl:2"):
+        run.truncate_metrics(3)  # damage before the last line is not a torn append
+    (tmp_path / METRICS).write_text('{"step": 1}\n["not", "a", "row"]\n')
+    with pytest.raises(DataFormatError, match=r"metrics.jsonl:2: a metrics row must be a JSON object"):
+        run.metrics()
+
+
+def test_the_config_read_back_drops_loader_options_that_write_files(tmp_path):
+    run = RunDir(tmp_path)
+    victim = tmp_path.parent / "victim.txt"
+    run.write_config({"experiment": {"name": "x", "data": {"source": "a.jsonl", "options": {"spill_to": str(victim), "user_column": "u"}, "eval_options": {"spill_to": "x"}}}})
+    cfg = run.experiment_config()
+    assert cfg.data.options == {"user_column": "u"} and cfg.data.eval_options == {}
+
+
+def test_store_records_and_summaries_are_checked_for_shape(tmp_path):
+    (tmp_path / "experiment.json").write_text(json.dumps({"name": "e", "runs": [{"name": "/etc", "kind": "central", "config": {}}]}))
+    with pytest.raises(DataFormatError, match=r"experiment.json \(runs\[0\]\): run name '/etc' must be letters"):
+        read_store_record(tmp_path)
+    for bad in ([], {"name": "e"}, {"name": "e", "runs": [3]}, {"name": "e", "runs": [{"name": "report", "kind": "central", "config": {}}]}):
+        (tmp_path / "experiment.json").write_text(json.dumps(bad))
+        with pytest.raises(DataFormatError, match="experiment.json"):
+            read_store_record(tmp_path)
+    run = RunDir(tmp_path / "r").create()
+    run.write_summary({"name": "r", "kind": "central", "epsilon": "big"})
+    with pytest.raises(DataFormatError, match="run summary: 'epsilon' must be an integer or a number or null"):
+        run.summary()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.config import ExperimentConfig, check_kind, load_config, read_toml
-from fedpriv.errors import ConfigError
+from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, TrainingDiverged
 from fedpriv.training.prepared import Prepared
 
 
@@ -33,6 +33,18 @@ def data_key(c: ExperimentConfig) -> str:
     """What decides a run's prepared data: runs with the same key share one preparation."""
     return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None,
                        c.privatize.model_dump() if c.privatize else None], sort_keys=True)
+
+
+def in_run(where: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, a FedprivError's message prefixed with ``where`` (the run it belongs to)."""
+    try:
+        return fn(*args)
+    except (TrainingDiverged, ConfigChanged):
+        raise
+    except FedprivError as e:
+        if where in str(e):
+            raise
+        raise FedprivError(f"{where}: {e}") from None
 
 
 def check_prepared(prepared: Prepared, kind: str) -> list[str]:
@@ -119,8 +131,9 @@ def check_file(path: str | Path, static: bool = False, log: Callable[[str], None
         cfg = load_config(path)
         name, measures = cfg.name, []
         runs = [CheckedRun(cfg.name, "federated" if cfg.federated is not None else "central", cfg)]
+    where = {r.name: f"{path}: run {r.name!r}" if experiment else str(path) for r in runs}
     for r in runs:
-        check_kind(r.config, r.kind, f"{path}: run {r.name!r}" if len(runs) > 1 or r.name != name else str(path))
+        check_kind(r.config, r.kind, where[r.name])
     checked = CheckedFile(name, runs, measures, experiment)
     if static:
         return checked
@@ -132,8 +145,8 @@ def check_file(path: str | Path, static: bool = False, log: Callable[[str], None
             continue
         key = data_key(r.config)
         if key not in prepared_by_key:
-            prepared_by_key[key] = prepare(r.config, log)
+            prepared_by_key[key] = in_run(where[r.name], prepare, r.config, log)
         prepared = dataclasses.replace(prepared_by_key[key], config=r.config)
-        r.warnings = check_prepared(prepared, r.kind)
-        build_trainer_parts(prepared, r.kind, log)
+        r.warnings = in_run(where[r.name], check_prepared, prepared, r.kind)
+        in_run(where[r.name], build_trainer_parts, prepared, r.kind, log)
     return checked

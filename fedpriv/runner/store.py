@@ -35,7 +35,7 @@ from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.jsonio import write_json_atomic
 from fedpriv.rundir import EXPERIMENT, RUN_CONFIG, RunDir, read_store_record
 from fedpriv.runner.audit import audit_run
-from fedpriv.runner.checks import data_key
+from fedpriv.runner.checks import data_key, in_run
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs
 from fedpriv.runner.measure import check_measures, run_measures
@@ -52,18 +52,6 @@ def _train(spec: RunSpec, prepared: Prepared, run: RunDir, stop_after: int | Non
         stop_after += int(meta["step"])
     train_run(prepared, run.path, spec.kind, stop_after=stop_after, log=log)
     return run.has_params()
-
-
-def _in_run(where: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """``fn(*args)``, a FedprivError's message prefixed with ``where`` (the run it belongs to)."""
-    try:
-        return fn(*args)
-    except (TrainingDiverged, ConfigChanged):
-        raise
-    except FedprivError as e:
-        if where in str(e):
-            raise
-        raise FedprivError(f"{where}: {e}") from None
 
 
 def check_store(store: Path, name: str, specs: list[RunSpec], restart: bool = False) -> list[str]:
@@ -157,12 +145,12 @@ def run_experiment(
         key = data_key(spec.config)
         where = f"{path}: run {spec.name!r}"
         if key not in prepared_by_key:
-            prepared_by_key[key] = _in_run(where, prepare, spec.config, prefixed)
+            prepared_by_key[key] = in_run(where, prepare, spec.config, prefixed)
         prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
         t0 = time.perf_counter()
         if not run.has_params():
             try:
-                done = _in_run(where, _train, spec, prepared, run, stop_after, prefixed if log else None)
+                done = in_run(where, _train, spec, prepared, run, stop_after, prefixed if log else None)
             except TrainingDiverged as e:
                 say(f"{tag} failed: {e}")
                 continue
@@ -170,7 +158,7 @@ def run_experiment(
                 say(f"{tag} stopped with a checkpoint; run the same command again to resume")
                 return store, summaries, False
         if spec.config.canaries is not None and prepared.task.name in ("nwp", "mlm"):
-            _in_run(where, lambda: audit_run(run.path, log=prefixed, prepared=prepared))
+            in_run(where, lambda: audit_run(run.path, log=prefixed, prepared=prepared))
         summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs)
         run.write_summary(summary)
         summaries.append(summary)

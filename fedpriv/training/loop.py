@@ -70,9 +70,9 @@ def check_resumable(run: RunDir, config_meta: Mapping[str, Any]) -> None:
     if "experiment" in old and "experiment" in new:
         old = {**old, "experiment": normalized_config(old["experiment"])}
         new = {**new, "experiment": normalized_config(new["experiment"])}
-    changed = changed_keys(old, new, RESUMABLE_CHANGES)
+    changed = list(dict.fromkeys(k.removeprefix("experiment.") for k in changed_keys(old, new, RESUMABLE_CHANGES)))
     if changed:
-        keys = ", ".join(k.removeprefix("experiment.") for k in changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        keys = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
         raise ConfigChanged(f"{run.path}: the config changed since this run started ({keys}); {RESTART_HINT}")
 
 
@@ -245,7 +245,7 @@ def run_loop(
         reason = f"training diverged at {stepper.unit} {done} of {stepper.total}: {problem}"
         run.write_failure(reason, done, kept)
         where = f"the checkpoint at {stepper.unit} {kept} is kept" if kept else "no checkpoint was written before"
-        raise TrainingDiverged(f"{run.path}: {reason}; the run is marked failed ({where}); lower the learning rate, then {RESTART_HINT.removeprefix('pass ')}")
+        raise TrainingDiverged(f"{run.path}: {reason}; the run is marked failed ({where}); lower the learning rate, then {RESTART_HINT}")
 
     try:
         for index in range(start, stepper.total):
