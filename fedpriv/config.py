@@ -121,7 +121,7 @@ class VocabConfig(_Strict):
     and ``fedpriv vocab build`` for the same thing on its own)."""
 
     size: int = Field(10_000, ge=1, description="top-K words (nwp) or WordPiece tokens in all (BERT)")
-    seq_len: int = Field(20, ge=1, description="tokens per encoded example (before bos/eos)")
+    seq_len: int = Field(20, ge=1, le=1024, description="tokens per encoded example (before bos/eos); at most 1024 (every example is padded to it)")
     source: str | None = Field(None, min_length=1, description="BERT: learn the vocabulary from this SOURCE (all its users) instead of the training users")
     source_format: str | None = Field(None, description="format of source, if not guessed from the path")
     source_options: dict[str, Any] = Field(default_factory=dict, description="loader options of source")
@@ -435,6 +435,17 @@ class ExperimentConfig(_Strict):
             raise ValueError(problem.removeprefix("name "))
         return name
 
+    @model_validator(mode="after")
+    def _audit(self) -> ExperimentConfig:
+        """The NWP audit's lengths fit the canaries and the encoded examples (known before training)."""
+        if self.canaries is not None and self.task.kind == "nwp":
+            a = self.audit
+            if not 1 <= a.rs_prefix < self.canaries.words:
+                raise ValueError(f"audit.rs_prefix ({a.rs_prefix}) must be between 1 and canaries.words - 1 ({self.canaries.words - 1})")
+            if a.extraction_examples > 0 and a.extraction_prefix + a.extraction_suffix > self.vocab.seq_len:
+                raise ValueError(f"audit.extraction_prefix + extraction_suffix ({a.extraction_prefix + a.extraction_suffix}) exceeds vocab.seq_len ({self.vocab.seq_len}); lower them or set extraction_examples = 0")
+        return self
+
     def without_write_targets(self) -> "ExperimentConfig":
         """This config with the loader options that write files (WRITE_OPTIONS) dropped: what a
         config read back from a run directory may do (it is data, not instructions)."""
@@ -472,7 +483,7 @@ def _config_error(e: ValidationError, origin: str, plain: bool = False) -> Confi
     for err in e.errors():
         where = _path_of(err["loc"])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        problems.append(msg if plain and not err["loc"] else f"{where}: {msg}")
+        problems.append(msg if not err["loc"] else f"{where}: {msg}")
     more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
     return ConfigError(f"{origin}: {problems[0]}{more}")
 

@@ -76,50 +76,105 @@ MEASURE_DIR, MEASURE_FILE, PLOT_FILE = "measure", "measure.json", "deniability.p
 _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
 
 
+class Obj:
+    """The shape of a JSON object: ``fields`` (key -> shape, checked where present), ``required`` keys."""
+
+    def __init__(self, fields: dict[str, Any], required: tuple[str, ...] = ()):
+        self.fields, self.required = fields, required
+
+
+class Each:
+    """The shape of a JSON object with any keys, or of a list (``list_=True``), each value of ``shape``;
+    ``or_null``: null is accepted too."""
+
+    def __init__(self, shape: Any, list_: bool = False, or_null: bool = False):
+        self.shape, self.list_, self.or_null = shape, list_, or_null
+
+
 def _is(value: Any, types: tuple[type, ...]) -> bool:
     if isinstance(value, bool):
         return bool in types
     return isinstance(value, types)
 
 
-def expect_shape(obj: Any, path: str | os.PathLike[str], what: str, keys: dict[str, tuple[type, ...]], required: tuple[str, ...] = ()) -> dict[str, Any]:
-    """``obj`` when it is a JSON object whose ``keys`` (where present; ``required`` always) have
-    the given types; else a one-line DataFormatError naming the file and the key."""
-    if not isinstance(obj, dict):
-        raise DataFormatError(path, None, f"not a {what}: a JSON object expected, got {_TYPE_NAMES.get(type(obj), type(obj).__name__)}")
-    for k in required:
+def _shape_problem(obj: Any, shape: Any, where: str) -> str | None:
+    """Where ``obj`` departs from ``shape`` (a tuple of types, Obj or Each), or None."""
+    if isinstance(shape, tuple):
+        if _is(obj, shape):
+            return None
+        want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in shape)
+        return f"{where or 'the file'} must be {want}, got {json.dumps(obj)[:40]}"
+    if isinstance(shape, Each) and shape.or_null and obj is None:
+        return None
+    container = list if isinstance(shape, Each) and shape.list_ else dict
+    if not isinstance(obj, container):
+        return f"{where or 'the file'} must be {_TYPE_NAMES[container]}, got {json.dumps(obj)[:40]}"
+    if isinstance(shape, Each):
+        items = enumerate(obj) if shape.list_ else obj.items()
+        for k, v in items:
+            problem = _shape_problem(v, shape.shape, f"{where}[{k!r}]" if shape.list_ else f"{where}.{k}".lstrip("."))
+            if problem:
+                return problem
+        return None
+    for k in shape.required:
         if k not in obj:
-            raise DataFormatError(path, None, f"not a {what}: no {k!r}")
-    for k, types in keys.items():
-        if k in obj and not _is(obj[k], types):
-            want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in types)
-            raise DataFormatError(path, None, f"{what}: {k!r} must be {want}, got {json.dumps(obj[k])[:40]}")
+            return f"{where or 'the file'} has no {k!r}"
+    for k, sub in shape.fields.items():
+        if k in obj:
+            problem = _shape_problem(obj[k], sub, f"{where}.{k}".lstrip("."))
+            if problem:
+                return problem
+    return None
+
+
+def expect_shape(obj: Any, path: str | os.PathLike[str], what: str, shape: Any) -> Any:
+    """``obj`` when it has ``shape`` (see :class:`Obj`, :class:`Each`); else a one-line
+    DataFormatError naming the file and the key."""
+    problem = _shape_problem(obj, shape, "")
+    if problem:
+        raise DataFormatError(path, None, f"not a {what}: {problem}")
     return obj
 
 
 NUM = (int, float)
 NUM_OR_NULL = (int, float, type(None))
 STR_OR_NULL = (str, type(None))
+SCALAR = (int, float, str, bool, type(None))
+#: An audit's memorized counts and exposures: overall, and by configuration.
+AUDIT_TOTALS = Each(NUM_OR_NULL)
+AUDIT_SUMMARY = Obj({"total": AUDIT_TOTALS, "by_configuration": Each(AUDIT_TOTALS)}, ("total",))
+CANARY_ROW = Obj({
+    "id": (str, int), "p_u": NUM, "p_e": NUM, "pattern": STR_OR_NULL, "sharers": NUM_OR_NULL, "insertions": NUM_OR_NULL,
+    "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
+    "exposure": NUM_OR_NULL, "exposure_extrapolated": NUM_OR_NULL, "rs_candidates": NUM_OR_NULL,
+}, ("p_u", "p_e"))
+AUDIT_SHAPE = Obj({
+    "task": (str,), "parameters": (str,), "run_dir": (str,), "settings": Each(SCALAR), "summary": AUDIT_SUMMARY,
+    "canaries": Each(CANARY_ROW, list_=True), "extraction": Each(Each(NUM_OR_NULL), or_null=True),
+}, ("summary",))
 #: What the report and later stages read from ``summary.json`` (other keys are free-form).
-SUMMARY_SHAPE: dict[str, tuple[type, ...]] = {
+SUMMARY_SHAPE = Obj({
     "name": (str,), "kind": (str,), "algorithm": (str,), "users": (str,), "order": (str,), "task": (str,), "engine": STR_OR_NULL,
+    "data_source": (str,), "eval_source": STR_OR_NULL, "sampling": STR_OR_NULL,
     "epsilon": NUM_OR_NULL, "delta": NUM_OR_NULL, "guarantee": STR_OR_NULL,
     "client_epsilon": NUM_OR_NULL, "client_delta": NUM_OR_NULL, "client_guarantee": STR_OR_NULL,
     "batch_size": NUM_OR_NULL, "clients_per_round": NUM_OR_NULL, "steps": NUM_OR_NULL, "rounds": NUM_OR_NULL,
     "noise_multiplier_config": NUM_OR_NULL, "clip_norm": NUM_OR_NULL, "seconds": NUM_OR_NULL,
-    "eval_accuracy": NUM_OR_NULL, "eval_perplexity": NUM_OR_NULL, "eval_f1": NUM_OR_NULL, "eval_loss": NUM_OR_NULL,
-    "audit": (dict, type(None)), "privatize": (dict, type(None)), "vocabulary": (dict, type(None)), "starts_from": (dict, type(None)),
-}
-CHECKPOINT_SHAPE: dict[str, tuple[type, ...]] = {"step": (int,), "kind": (str,), "pending": (list,), "state_file": (str,)}
+    "eval_split": STR_OR_NULL, "eval_accuracy": NUM_OR_NULL, "eval_perplexity": NUM_OR_NULL, "eval_f1": NUM_OR_NULL, "eval_loss": NUM_OR_NULL,
+    "audit": Obj({"total": AUDIT_TOTALS, "by_configuration": Each(AUDIT_TOTALS)}), "privatize": Obj({"guarantee": STR_OR_NULL, "mechanism": STR_OR_NULL, "eta": NUM_OR_NULL, "t": NUM_OR_NULL}),
+    "vocabulary": Obj({"source": STR_OR_NULL, "vocab_size": NUM_OR_NULL, "pieces_per_word": NUM_OR_NULL}), "starts_from": Each((str,)),
+}, ("name", "kind"))
+CHECKPOINT_SHAPE = Obj({"step": (int,), "kind": (str,), "pending": (list,), "state_file": (str,)}, ("step", "state_file"))
+RUN_RECORD = Obj({"name": (str,), "kind": (str,), "config": Obj({"privacy": (dict, type(None)), "federated": (dict, type(None))})}, ("name", "kind", "config"))
+STORE_RECORD = Obj({"name": (str,), "runs": Each(RUN_RECORD, list_=True)}, ("name", "runs"))
 
 
 def read_store_record(store: str | os.PathLike[str]) -> dict[str, Any]:
     """A run store's ``experiment.json``, checked: a name, and runs each with a name that names a
     directory of the store, a kind and a config."""
     path = Path(store) / EXPERIMENT
-    exp = expect_shape(read_json(path, "experiment file"), path, "run store's experiment file", {"name": (str,), "runs": (list,)}, ("name", "runs"))
+    exp = expect_shape(read_json(path, "experiment file"), path, "run store's experiment file", STORE_RECORD)
     for i, run in enumerate(exp["runs"]):
-        expect_shape(run, path, f"run store's experiment file (runs[{i}])", {"name": (str,), "kind": (str,), "config": (dict,)}, ("name", "kind", "config"))
         problem = name_problem(run["name"])
         if problem:
             raise DataFormatError(path, f"runs[{i}]", f"run {problem}")
@@ -171,14 +226,14 @@ class RunDir:
     # ---- config.json: what the trainer ran ------------------------------------------------------
     def write_config(self, meta: dict[str, Any]) -> None:
         """``config.json``: ``meta`` holds ``experiment`` (the resolved config) and the trainer's facts."""
-        (self.path / CONFIG).write_text(json.dumps(meta, indent=1))
+        write_json_atomic(self.path / CONFIG, meta, indent=1)
 
     def config_meta(self) -> dict[str, Any] | None:
         """``config.json`` as written (None when there is none), checked to be a JSON object."""
         path = self.path / CONFIG
         if not path.is_file():
             return None
-        return expect_shape(read_json(path, "run config"), path, "run config", {"experiment": (dict,)})
+        return expect_shape(read_json(path, "run config"), path, "run config", Obj({"experiment": (dict,)}))
 
     def experiment_config(self) -> ExperimentConfig:
         """The resolved experiment config the run was trained with (``config.json``), without
@@ -233,7 +288,7 @@ class RunDir:
                 if torn_tail_ok and i == len(lines) and not text.endswith("\n"):
                     break  # the last append was cut short: that row comes after the checkpoint
                 raise DataFormatError(path, i, f"not a JSON metrics row ({e}); delete the run directory or pass --restart to start over") from None
-            if not isinstance(row, dict) or not _is(row.get("step"), (int,)):
+            if _shape_problem(row, Obj({"step": (int,)}, ("step",)), ""):
                 raise DataFormatError(path, i, "a metrics row must be a JSON object with an integer 'step'")
             rows.append(row)
         return rows
@@ -261,7 +316,7 @@ class RunDir:
             meta = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise DataFormatError(path, None, f"unreadable checkpoint ({e}); delete the directory to start over") from None
-        expect_shape(meta, path, "checkpoint record", CHECKPOINT_SHAPE, ("step", "state_file"))
+        expect_shape(meta, path, "checkpoint record", CHECKPOINT_SHAPE)
         if meta["step"] < 0 or not STATE_FILE.match(meta["state_file"]):
             raise DataFormatError(path, None, f"not a checkpoint record: step {meta['step']}, state file {meta['state_file'][:60]!r} (a checkpoint-<step>.msgpack of this directory expected)")
         return meta
@@ -330,7 +385,10 @@ class RunDir:
 
     def summary(self) -> dict[str, Any]:
         path = self.path / SUMMARY
-        return expect_shape(read_json(path, "run summary"), path, "run summary", SUMMARY_SHAPE, ("name", "kind"))
+        summary = expect_shape(read_json(path, "run summary"), path, "run summary", SUMMARY_SHAPE)
+        if summary.get("epsilon") is not None and summary.get("delta") is None:
+            raise DataFormatError(path, None, "not a run summary: an epsilon without its delta")
+        return summary
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.path / SUMMARY, summary)
@@ -338,10 +396,7 @@ class RunDir:
     def audit(self) -> dict[str, Any]:
         """``audit.json``, checked: a summary object and a list of canary rows (objects)."""
         path = self.path / AUDIT_JSON
-        audit = expect_shape(read_json(path, "audit"), path, "audit", {"summary": (dict,), "canaries": (list,), "settings": (dict,), "extraction": (dict, type(None))}, ("summary",))
-        for i, row in enumerate(audit.get("canaries", [])):
-            expect_shape(row, path, f"audit (canaries[{i}])", {"p_u": NUM, "p_e": NUM, "insertions": NUM_OR_NULL, "exposure": NUM_OR_NULL, "pattern": STR_OR_NULL})
-        return audit
+        return expect_shape(read_json(path, "audit"), path, "audit", AUDIT_SHAPE)
 
     def audit_summary(self) -> dict[str, Any] | None:
         return self.audit()["summary"] if self.has(AUDIT_JSON) else None
@@ -356,7 +411,7 @@ class RunDir:
         path = self.path / FAILED
         if not path.is_file():
             return None
-        return expect_shape(read_json(path, "failure record"), path, "failure record", {"reason": (str,), "step": (int,)}, ("reason",))
+        return expect_shape(read_json(path, "failure record"), path, "failure record", Obj({"reason": (str,), "step": (int,)}, ("reason",)))
 
 
 def _tree_mismatch(want: Any, got: Any, where: str) -> str | None:

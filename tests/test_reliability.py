@@ -7,13 +7,22 @@ the output folder (``runs/`` under the working directory), and leave the corpus 
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import json
+import shutil
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from fedpriv.cli import main
+from fedpriv.errors import DataFormatError
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.rundir import CHECKPOINT, FAILED, LEDGER, METRICS, SUMMARY, RunDir
 
 CORPUS = Path(__file__).parent / "reliability" / "corpus"
 CONFIGS = tomllib.loads((CORPUS / "configs.toml").read_text())
@@ -102,7 +111,7 @@ def test_every_bad_config_is_refused_by_every_command(name, command, tmp_path, c
         assert entry["expect"] in line, line
     if command == trainer and not entry.get("trains"):
         assert _refused(_args("config check", path), tmp_path / "b", capsys, monkeypatch) == line  # one validation
-    assert str(path) in line, line  # the message names the file
+    assert str(path) in line or entry.get("trains"), line  # the message names the file (a diverged run: its run directory)
     assert (_tree(path) if path.is_dir() else hashlib.sha256(path.read_bytes()).digest()) == digest
 
 
@@ -145,3 +154,127 @@ def test_the_corpus_lists_every_file_and_the_docs_list_the_corpus():
     doc = (Path(__file__).parents[1] / "docs" / "reliability.md").read_text()
     missing = [n for n in [*CONFIGS, *DATA] if f"`{n}`" not in doc]
     assert not missing, f"docs/reliability.md does not list {missing}"
+
+
+# ---- fuzzing: random values anywhere in a config, random JSON anywhere in a run store --------------
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=12),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3),
+    max_leaves=6,
+)
+VALID = {
+    "name": "fuzz", "seed": 1,
+    "data": {"source": "synthetic:users=20,examples=200", "heldout_fraction": 0.1, "options": {}},
+    "vocab": {"size": 100, "seq_len": 12},
+    "task": {"kind": "nwp", "model": "tiny", "options": {}},
+    "training": {"optimizer": "adam", "learning_rate": 0.01, "batch_size": 8, "steps": 4},
+    "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5, "accountant": "rdp"},
+    "canaries": {"per_config": 1, "user_probabilities": [0.1], "example_probabilities": [0.5]},
+    "audit": {"rs_candidates": 10, "extraction_examples": 5},
+}
+FEDERATED = {"rounds": 2, "clients_per_round": 4, "strategy": "dp-fedavg", "clip_norm": 0.5, "dp": {"noise_multiplier": 1.0, "delta": 1e-3}, "flower": {"num_supernodes": 2}}
+
+
+def _paths(tree: dict, prefix: tuple = ()) -> list[tuple]:
+    out = []
+    for k, v in tree.items():
+        out.append((*prefix, k))
+        if isinstance(v, dict):
+            out += _paths(v, (*prefix, k))
+    return out
+
+
+def _set(tree: Any, path: tuple, value: Any) -> Any:
+    tree = copy.deepcopy(tree)
+    node = tree
+    for k in path[:-1]:
+        node = node[k] if isinstance(node, dict) else node[int(k) % len(node)]
+    if isinstance(node, list):
+        node[int(path[-1]) % len(node)] = value
+    else:
+        node[path[-1]] = value
+    return tree
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), federated=st.booleans())
+def test_fuzzed_configs_are_accepted_or_refused_in_one_line(data, federated, tmp_path_factory, capsys):
+    base = {**{k: v for k, v in VALID.items() if not (federated and k == "privacy")}, **({"federated": FEDERATED} if federated else {})}
+    paths = _paths(base) + [("training", "bogus")] + ([("federated", "dp", "bogus")] if federated else [])
+    path = data.draw(st.sampled_from(paths), label="key")
+    raw = _set(base, path, data.draw(JSON_VALUES, label="value"))
+    cfg = tmp_path_factory.mktemp("fuzz") / "config.json"
+    cfg.write_text(json.dumps(raw))
+    code = main(["config", "check", "--static", str(cfg)])
+    err = capsys.readouterr().err
+    assert code in (0, 2), err
+    assert code == 0 or (err.count("\n") == 1 and err.startswith(f"fedpriv: error: {cfg}") and "internal error" not in err), err
+
+
+STORE = Path(__file__).parent / "reliability" / "store"
+STORE_FILES = ["experiment.json", "dp-sgd/summary.json", "dp-sgd/audit.json", "dp-fedavg/summary.json", "dp-fedavg/audit.json"]
+
+
+def _json_paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _json_paths(v, (*prefix, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj[:3]):
+            out += _json_paths(v, (*prefix, i))
+    return out
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_run_store_files_are_reported_or_refused_in_one_line(data, tmp_path_factory, capsys):
+    """`fedpriv report` on a store whose experiment.json, summary.json or audit.json holds a
+    random JSON value somewhere: a report or one line, and nothing written outside the store."""
+    root = tmp_path_factory.mktemp("store")
+    store = root / "store"
+    shutil.copytree(STORE, store, ignore=shutil.ignore_patterns("privacy_ledger.json"))  # (ledgers: below; their curves take seconds)
+    name = data.draw(st.sampled_from(STORE_FILES), label="file")
+    doc = json.loads((store / name).read_text())
+    where = data.draw(st.sampled_from(_json_paths(doc)), label="path")
+    value = data.draw(JSON_VALUES, label="value")
+    (store / name).write_text(json.dumps(value if not where else _set(doc, where, value)))
+    before = _tree(root)
+    code = main(["report", str(store)])
+    err = capsys.readouterr().err
+    assert code in (0, 2), err
+    assert code == 0 or (err.count("\n") == 1 and "internal error" not in err), err
+    assert {k: v for k, v in _tree(root).items() if not k.startswith("store/report/")} == before
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_fuzzed_run_directory_files_are_read_or_refused(data):
+    """Checkpoint records, metrics rows, failure records and privacy ledgers holding random JSON:
+    read, or refused with a DataFormatError naming the file; never another exception."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        run = RunDir(d)
+        which = data.draw(st.sampled_from(["checkpoint", "metrics", "failure", "ledger", "summary"]), label="file")
+        template = {
+            "checkpoint": {"step": 4, "kind": "central", "pending": [], "state_file": "checkpoint-4.msgpack"},
+            "failure": {"reason": "x", "step": 1, "checkpoint_step": None},
+            "ledger": json.loads((STORE / "dp-sgd" / "privacy_ledger.json").read_text()),
+            "summary": json.loads((STORE / "dp-sgd" / "summary.json").read_text()),
+            "metrics": {"step": 1, "split": "train", "loss": 1.0},
+        }[which]
+        where = data.draw(st.sampled_from(_json_paths(template)), label="path")
+        value = data.draw(JSON_VALUES, label="value")
+        doc = value if not where else _set(template, where, value)
+        file = {"checkpoint": CHECKPOINT, "metrics": METRICS, "failure": FAILED, "ledger": LEDGER, "summary": SUMMARY}[which]
+        Path(d, file).write_text(json.dumps(doc))
+        read = {
+            "checkpoint": run.checkpoint_meta, "metrics": run.metrics, "failure": run.failure,
+            "ledger": lambda: PrivacyLedger.load(run.file(LEDGER)), "summary": run.summary,
+        }[which]
+        try:
+            read()
+        except DataFormatError as e:
+            assert file in str(e) and "\n" not in str(e)

@@ -136,5 +136,5 @@ def test_store_records_and_summaries_are_checked_for_shape(tmp_path):
             read_store_record(tmp_path)
     run = RunDir(tmp_path / "r").create()
     run.write_summary({"name": "r", "kind": "central", "epsilon": "big"})
-    with pytest.raises(DataFormatError, match="run summary: 'epsilon' must be an integer or a number or null"):
+    with pytest.raises(DataFormatError, match="not a run summary: epsilon must be an integer or a number or null, got \"big\""):
         run.summary()

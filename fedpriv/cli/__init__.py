@@ -8,6 +8,7 @@ unexpected failure prints one line too (exit 1) unless ``FEDPRIV_DEBUG=1`` asks 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
 from collections.abc import Iterator
@@ -158,9 +159,14 @@ def config_check(
 
 @contextmanager
 def _naming(path: Path) -> Iterator[None]:
-    """Errors inside name ``path`` (the config they come from) unless they already do."""
+    """Errors inside name ``path`` (the config they come from) unless they already do, or name
+    the run directory they are about."""
+    from fedpriv.errors import ConfigChanged, TrainingDiverged
+
     try:
         yield
+    except (ConfigChanged, TrainingDiverged):
+        raise
     except FedprivError as e:
         if str(path) in str(e):
             raise
@@ -346,16 +352,23 @@ def demo(
     run_cmd(config, out_dir, [], True, as_json, None, False)
 
 
+def _one_line(message: str) -> str:
+    """``message`` with its line breaks escaped (a key or a path may hold one)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every error into one line and an exit code."""
     debug = os.environ.get("FEDPRIV_DEBUG") == "1"
+    if not debug:  # dp-accounting's notes on RDP orders it skips are not the user's to act on
+        logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         app(args=argv, standalone_mode=False, prog_name="fedpriv")
         return 0
     except FedprivError as e:
         if debug:
             raise
-        err.print(f"fedpriv: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"fedpriv: error: {_one_line(str(e))}", markup=False, highlight=False, soft_wrap=True)
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code
@@ -374,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         where = f"{e.filename}: " if e.filename else ""
-        err.print(f"fedpriv: error: {where}{e.strerror or e}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"fedpriv: error: {_one_line(f'{where}{e.strerror or e}')}", markup=False, highlight=False, soft_wrap=True)
         return 2
     except Exception as e:  # noqa: BLE001 - one line, not a traceback, unless asked
         if debug:

@@ -92,9 +92,11 @@ def gather(arrays: Batch, idx: np.ndarray, size: int) -> Batch:
 
 
 def evaluate(task: Task, params: Params, arrays: Batch, batch_size: int, sums_fn: Callable | None = None) -> dict[str, float]:
-    """Summarized metrics of ``task`` over all rows of ``arrays`` (batched, padded, masked)."""
+    """Summarized metrics of ``task`` over all rows of ``arrays`` (batched, padded, masked; a batch
+    is never padded beyond the rows there are)."""
     fn = sums_fn or jax.jit(task.metric_sums)
     n = len(arrays["mask"])
+    batch_size = max(1, min(batch_size, n))
     total: dict[str, float] = {}
     for start in range(0, n, batch_size):
         idx = np.arange(start, min(start + batch_size, n))
