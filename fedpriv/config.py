@@ -37,11 +37,13 @@ from fedpriv.vocab.dp_histogram import mechanism_params
 
 #: A string value ``"run:NAME"`` names another run of the same experiment file (resolved by the run store).
 RUN_REF = "run:"
+#: The evaluation split of the validation users (utility targets, learning-rate choice).
+VALIDATION = "validation"
 
 #: Experiment, run and measurement names name directories: letters, digits and _.=+-, not starting with a dot.
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
-#: Names a run may not take: what a run store keeps next to its runs (rundir.EXPERIMENT, rundir.MEASURE_DIR, report.REPORT_DIR).
-RESERVED_NAMES = ("experiment.json", "measure", "report")
+#: Names a run may not take: what a run store keeps next to its runs (rundir.EXPERIMENT, rundir.MEASURE_DIR, rundir.TUNE_DIR, report.REPORT_DIR).
+RESERVED_NAMES = ("experiment.json", "measure", "report", "tune")
 #: Loader options that name a file to write (a config read back from a run directory drops them).
 WRITE_OPTIONS = ("spill_to",)
 #: Seeds are 0 <= seed < 2**32 (numpy and JAX take them as unsigned 32-bit words).
@@ -103,7 +105,8 @@ class DataConfig(_Strict):
     source: str = Field("shakespeare", min_length=1, description="SOURCE spec: shakespeare, synthetic:..., or a path")
     format: str | None = Field(None, description="override the format guessed from the path")
     options: dict[str, Any] = Field(default_factory=dict, description="loader options")
-    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of users held out (0 = none)")
+    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of users held out as the test users (0 = none)")
+    validation_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="fraction of the remaining users held out as validation users (utility targets, learning-rate choice; never the test users)")
     min_examples: int = Field(1, ge=1, description="drop users with fewer examples")
     max_examples_per_user: int | None = Field(None, ge=1, description="keep each user's first N examples")
     eval_source: str | None = Field(None, min_length=1, description="evaluate on this source instead of held-out users")
@@ -153,12 +156,42 @@ class VocabConfig(_Strict):
         return self.source is not None or self.dp is not None or self.alphabet != "data"
 
 
+BUILTIN_TASKS = ("nwp", "ner", "mlm", "bert-ner")
+#: The entry-point group in which a package names its tasks (``task.kind = "NAME"``).
+TASK_ENTRY_POINTS = "fedpriv.tasks"
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def task_entry_points() -> dict[str, str]:
+    """Installed task plug-ins: entry-point name -> ``module:Class``."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=TASK_ENTRY_POINTS)}
+
+
 class TaskConfig(_Strict):
-    kind: Literal["nwp", "ner", "mlm", "bert-ner"] = Field(
-        "nwp", description="nwp (next-word prediction), ner (BiLSTM tagging), mlm (BERT masked-LM pretraining) or bert-ner (BERT NER fine-tuning)"
+    kind: str = Field(
+        "nwp",
+        description="nwp (next-word prediction), ner (BiLSTM tagging), mlm (BERT masked-LM pretraining), bert-ner (BERT NER "
+        "fine-tuning), or a plug-in: 'package.module:ClassName' or the name of a 'fedpriv.tasks' entry point (docs/custom_tasks.md)",
     )
     model: str = Field("small", min_length=1, description="model preset (nwp: tiny, small, stackoverflow; mlm, bert-ner: tiny, small)")
     options: dict[str, Any] = Field(default_factory=dict, description="task hyperparameters, e.g. head = 'crf' for ner")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, kind: str) -> str:
+        """A built-in task, an import path, or an installed entry point (the class is imported when the task is built)."""
+        if kind in BUILTIN_TASKS or _IMPORT_PATH.match(kind):
+            return kind
+        installed = task_entry_points()
+        if kind in installed:
+            return kind
+        have = f"installed: {', '.join(sorted(installed))}" if installed else "none installed"
+        raise ValueError(
+            f"unknown task {kind!r}; expected {', '.join(BUILTIN_TASKS[:-1])} or {BUILTIN_TASKS[-1]}, a plug-in "
+            f"'package.module:ClassName', or the name of a {TASK_ENTRY_POINTS!r} entry point ({have})"
+        )
 
     @field_validator("model")
     @classmethod
@@ -169,7 +202,7 @@ class TaskConfig(_Strict):
         elif kind in ("mlm", "bert-ner"):
             from fedpriv.models.bert import PRESETS
         else:
-            return model  # ner: the model's sizes are task options
+            return model  # ner and plug-in tasks: the model's sizes are task options
         if model not in PRESETS:
             raise ValueError(f"unknown {kind} preset {model!r}; choose one of {', '.join(PRESETS)}")
         return model
@@ -199,7 +232,9 @@ class TrainingConfig(_Strict):
 class PrivacyConfig(_Strict):
     """DP-SGD for central training (a ``[privacy]`` section turns it on)."""
 
-    clip_norm: float = Field(..., gt=0.0, description="C: per-example L2 clip norm")
+    clip_norm: float = Field(..., gt=0.0, description="C: L2 clip norm of each unit's gradient (an example's, or a user's)")
+    unit: Literal["example", "user"] = Field("example", description="the privacy unit: example (each sampled example clipped) or user (users sampled, each user's gradient over examples_per_user of its examples clipped; training.batch_size counts users)")
+    examples_per_user: int = Field(8, ge=1, description="unit = user: examples each sampled user contributes to a step (cycled when it has fewer)")
     noise_multiplier: float | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate sigma to reach this epsilon at the end")
     delta: float = Field(..., gt=0.0, lt=1.0)
@@ -356,6 +391,7 @@ class CanariesConfig(_Strict):
     example_probabilities: list[float] = Field([0.01, 0.1, 1.0], min_length=1, description="p_e values")
     distribution: Literal["uniform", "unigram"] = Field("uniform", description="canary words drawn uniformly from the vocabulary or by training-word frequency")
     min_expected_sharers: float = Field(1.0, ge=0.0, description="scale every p_u by one factor so the smallest expects at least this many sharers (0: never scale)")
+    seed: int | None = Field(None, ge=0, description="seed of the canary draw (words, sharers, insertions); default: the experiment's seed")
     patterns: list[str] = Field(["S", "HS", "HSH", "HHSHH"], min_length=1, description="mlm task: hint/secret patterns (H a hint word, S the secret)")
 
     @model_validator(mode="after")
@@ -382,6 +418,13 @@ class AuditConfig(_Strict):
     extraction_prefix: int = Field(5, ge=1, description="extraction: words given")
     extraction_suffix: int = Field(5, ge=1, description="extraction: words to reproduce greedily")
     mlm_examples: int = Field(20, ge=1, description="masked-LM secret sharer: planted examples per canary whose secret rank is averaged")
+    along: bool = Field(False, description="also audit the parameters saved at every evaluation along training (memorization against utility)")
+    empirical: bool = Field(False, description="plant audit canaries (each included with probability 1/2) and bound epsilon from below after training (one-run audit)")
+    empirical_canaries: int = Field(1000, ge=2, description="empirical: audit canaries (members and non-members together)")
+    empirical_kind: Literal["auto", "example", "user", "client"] = Field(
+        "auto", description="empirical: example (one extra example), user (a user holding only the canary) or client (DP-FedAvg: a random update direction); auto: the run's privacy unit"
+    )
+    empirical_words: int = Field(8, ge=1, description="empirical: words per data canary")
 
     @model_validator(mode="after")
     def _check(self) -> "AuditConfig":
@@ -414,6 +457,19 @@ class PrivatizeConfig(_Strict):
         return self
 
 
+class UtilityConfig(_Strict):
+    """A common utility target (a ``[utility]`` section): every run trains until its first
+    evaluation on the validation users at or past ``target`` (or until its steps, rounds or
+    epsilon budget end), stops there and is audited there, so runs are compared at matched
+    utility (Thakkar et al. 2021 compare models within one point of accuracy). ``metric``
+    defaults to the task's headline utility (next-token accuracy without OOV and EOS, entity F1,
+    masked-token accuracy), a fraction in [0, 1]."""
+
+    target: float = Field(..., gt=0.0, le=1.0, description="the utility every run trains to (a fraction)")
+    metric: str | None = Field(None, min_length=1, description="the metric (default: the task's headline utility)")
+    split: Literal["validation"] = Field(VALIDATION, description="measured on the validation users (data.validation_fraction), never the test users")
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., min_length=1, description="names the default run directory or store: letters, digits and _.=+-")
     seed: int = Field(0, ge=0, lt=SEED_LIMIT)
@@ -426,6 +482,27 @@ class ExperimentConfig(_Strict):
     canaries: CanariesConfig | None = None
     privatize: PrivatizeConfig | None = None
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    utility: UtilityConfig | None = None
+
+    @model_validator(mode="after")
+    def _validation_users(self) -> "ExperimentConfig":
+        if self.utility is not None and self.data.validation_fraction == 0.0:
+            raise ValueError("[utility] measures the target on validation users: set data.validation_fraction (e.g. 0.1)")
+        if self.audit.empirical and self.audit.empirical_kind == "client" and (self.federated is None or self.federated.clip_norm is None):
+            raise ValueError("audit.empirical_kind = 'client' (random-direction canary clients) needs a federated run that clips: strategy 'dp-fedavg' or 'fedavg-clip'")
+        return self
+
+    def audit_canary_kind(self) -> str | None:
+        """The unit of the empirical audit's canaries (``audit.empirical_kind``, with ``auto``
+        resolved to the run's privacy unit: user for federated and user-level DP-SGD runs,
+        example otherwise), or None without an empirical audit."""
+        if not self.audit.empirical:
+            return None
+        if self.audit.empirical_kind != "auto":
+            return self.audit.empirical_kind
+        if self.federated is not None or (self.privacy is not None and self.privacy.unit == "user"):
+            return "user"
+        return "example"
 
     @field_validator("name")
     @classmethod
@@ -437,12 +514,12 @@ class ExperimentConfig(_Strict):
 
     @model_validator(mode="after")
     def _audit(self) -> ExperimentConfig:
-        """The NWP audit's lengths fit the canaries and the encoded examples (known before training)."""
-        if self.canaries is not None and self.task.kind == "nwp":
+        """The audit's lengths fit the canaries (NWP and plug-in tasks) and the encoded examples (NWP), known before training."""
+        if self.canaries is not None and (self.task.kind == "nwp" or self.task.kind not in BUILTIN_TASKS):
             a = self.audit
             if not 1 <= a.rs_prefix < self.canaries.words:
                 raise ValueError(f"audit.rs_prefix ({a.rs_prefix}) must be between 1 and canaries.words - 1 ({self.canaries.words - 1})")
-            if a.extraction_examples > 0 and a.extraction_prefix + a.extraction_suffix > self.vocab.seq_len:
+            if self.task.kind == "nwp" and a.extraction_examples > 0 and a.extraction_prefix + a.extraction_suffix > self.vocab.seq_len:
                 raise ValueError(f"audit.extraction_prefix + extraction_suffix ({a.extraction_prefix + a.extraction_suffix}) exceeds vocab.seq_len ({self.vocab.seq_len}); lower them or set extraction_examples = 0")
         return self
 
@@ -495,6 +572,28 @@ def normalized_config(raw: Any) -> Any:
         return ExperimentConfig.model_validate(raw).model_dump(mode="json")
     except ValidationError:
         return raw
+
+
+def set_key(raw: dict[str, Any], dotted: str, value: Any, what: str = "--set") -> None:
+    """Set the dotted key ``a.b.c`` of a parsed TOML table (tables on the way are made)."""
+    parts = dotted.split(".")
+    if not all(p.strip() for p in parts):
+        raise ConfigError(f"{what} {dotted!r}: expected a dotted key such as training.steps")
+    d = raw
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"{what} {dotted!r}: {p!r} is not a table")
+    d[parts[-1]] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` with each ``KEY=VALUE`` of ``overrides`` (dotted key -> value, ``--set``) set."""
+    if overrides and not isinstance(raw, dict):
+        raise ConfigError(f"--set {next(iter(overrides))!r}: the config is not a table")
+    for key, value in (overrides or {}).items():
+        set_key(raw, key, value)
+    return raw
 
 
 def validate_config(raw: dict[str, Any], origin: str = "config") -> ExperimentConfig:
@@ -566,8 +665,9 @@ def validate_measure(raw: Any, origin: str = "measure") -> MeasureConfig:
         raise _config_error(e, origin, plain=True) from None
 
 
-def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
-    """Read and validate an experiment config: TOML, or JSON for a ``.json`` path."""
+def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate an experiment config: TOML, or JSON for a ``.json`` path; ``overrides``
+    (dotted key -> value, ``--set``) are set before validation."""
     path = Path(path)
     if path.suffix == ".json":  # a resolved config written by fedpriv (run directories, experiment runs)
         try:
@@ -578,8 +678,8 @@ def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
             raise ConfigError(f"{path}: cannot read ({e})") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: JSON syntax error: {e}") from None
-        return validate_config(raw, str(path))
+        return validate_config(apply_overrides(raw, overrides), str(path))
     raw = read_toml(path)
     if "runs" in raw:
         raise ConfigError(f"{path}: an experiment file ([[runs]]), not one config: train its runs with fedpriv run")
-    return validate_config(raw, str(path))
+    return validate_config(apply_overrides(raw, overrides), str(path))

@@ -9,10 +9,16 @@ pipeline that made them::
     metrics.jsonl          one JSON object per train row and per evaluation ("step", "split", ...)
     checkpoint.json        the last checkpoint's metadata ("step", "kind", ...), naming
     checkpoint-<step>.msgpack   the state (parameters, optimizer, clip state) as msgpack
-    params.msgpack         the final parameters (written when the run ends or stops at its budget)
+    params.msgpack         the final parameters (written when the run ends, or stops at its budget or
+                           its utility target)
+    params-<step>.msgpack  parameters saved at an evaluation along training (audit.along)
+    audit-<step>.json      the audit of those parameters
     privacy_ledger.json    the DP events recorded so far (:class:`fedpriv.privacy.ledger.PrivacyLedger`)
     canaries.json          the planted canaries (:class:`fedpriv.memorization.canaries.Manifest`)
+    audit_canaries.json    the empirical audit's canaries and which are members
+    empirical.json         the empirical privacy audit: lower bounds on epsilon from those canaries
     privatize.json         the [privatize] stage: mechanism, parameters, embeddings, guarantee
+    data.json              what preparing the data decided on its own: notes, examples cut per split
     vocab.json             an NWP run's word vocabulary (:class:`fedpriv.vocab.word.WordVocab`)
     tokenizer.json         a BERT run's tokenizer (and its vocabulary's released record)
     vocabulary.json        the full record of a vocabulary the run learned (raw-data figures included)
@@ -57,18 +63,32 @@ CHECKPOINT = "checkpoint.json"
 PARAMS = "params.msgpack"
 LEDGER = "privacy_ledger.json"
 CANARIES = "canaries.json"
+EMPIRICAL_CANARIES = "audit_canaries.json"
+EMPIRICAL = "empirical.json"
 PRIVATIZE = "privatize.json"
+DATA = "data.json"
 WORD_VOCAB = "vocab.json"
 TOKENIZER = "tokenizer.json"
 VOCABULARY = "vocabulary.json"
 AUDIT_JSON, AUDIT_MD = "audit.json", "audit.md"
+
+
+def along_audit(step: int) -> str:
+    """The audit of the parameters saved after ``step`` steps or rounds (``audit-<step>.json``)."""
+    return f"audit-{int(step)}.json"
+
 SUMMARY = "summary.json"
 FAILED = "failed.json"
 STATE_FILE = re.compile(r"^checkpoint-[0-9]+\.msgpack$")
+#: Parameters along training and their audits (audit.along): ``params-<step>.msgpack``, ``audit-<step>.json``.
+SNAPSHOT_FILE = re.compile(r"^params-([0-9]+)\.msgpack$")
+ALONG_FILE = re.compile(r"^audit-[0-9]+\.json$")
 #: Files a fresh start (``--restart``) removes: what training and the store wrote, never anything else.
-RUN_FILES = (CONFIG, RUN_CONFIG, METRICS, CHECKPOINT, PARAMS, LEDGER, AUDIT_JSON, AUDIT_MD, SUMMARY, FAILED)
+RUN_FILES = (CONFIG, RUN_CONFIG, METRICS, CHECKPOINT, PARAMS, LEDGER, AUDIT_JSON, AUDIT_MD, EMPIRICAL, SUMMARY, FAILED)
 #: A run store's record of its experiment (every run's name, kind and resolved config).
 EXPERIMENT = "experiment.json"
+#: A run store's learning-rate trials (``tune/GROUP/<i>/``) and their records (``tune/GROUP.json``).
+TUNE_DIR = "tune"
 #: A run store's ``[[measure]]`` results: ``measure/NAME/measure.json`` and its plot.
 MEASURE_DIR, MEASURE_FILE, PLOT_FILE = "measure", "measure.json", "deniability.png"
 
@@ -132,7 +152,7 @@ def expect_shape(obj: Any, path: str | os.PathLike[str], what: str, shape: Any) 
     DataFormatError naming the file and the key."""
     problem = _shape_problem(obj, shape, "")
     if problem:
-        raise DataFormatError(path, None, f"not a {what}: {problem}")
+        raise DataFormatError(path, None, f"not {'an' if what[0] in 'aeiou' else 'a'} {what}: {problem}")
     return obj
 
 
@@ -143,6 +163,18 @@ SCALAR = (int, float, str, bool, type(None))
 #: An audit's memorized counts and exposures: overall, and by configuration.
 AUDIT_TOTALS = Each(NUM_OR_NULL)
 AUDIT_SUMMARY = Obj({"total": AUDIT_TOTALS, "by_configuration": Each(AUDIT_TOTALS)}, ("total",))
+#: An empirical privacy audit (``empirical.json``): the bounds, the attack's statistics, the accountant's epsilon.
+EMPIRICAL_SHAPE = Obj({
+    "kind": (str,), "unit": (str,), "canaries": (int,), "score": (str,), "parameters": (str,), "epsilon_lower_bound": NUM,
+    "epsilon_lower_bound_fdp": NUM, "epsilon_gdp_estimate": NUM, "tpr_at_fpr": NUM, "fpr": NUM, "auroc": NUM, "confidence": NUM,
+    "delta": NUM, "members": (int,), "non_members": (int,), "accountant_epsilon": NUM_OR_NULL, "seconds": NUM,
+    "member_score_mean": NUM, "non_member_score_mean": NUM,
+}, ("kind", "unit", "canaries", "epsilon_lower_bound", "delta"))
+#: What data preparation decided on its own (``data.json``).
+DATA_SHAPE = Obj({"notes": Each((str,), list_=True), "length_limit": (str, int, float, type(None)), "cut": Each((dict,)), "source": (dict,)}, ("notes",))
+#: A utility target's record in a summary (:func:`fedpriv.runner.summary.target_record`).
+TARGET_SHAPE = Obj({"metric": (str,), "value": NUM, "split": (str,), "reached": (bool,), "at": (str,), "when": NUM_OR_NULL, "reached_value": NUM_OR_NULL},
+                   ("metric", "value", "reached"))
 CANARY_ROW = Obj({
     "id": (str, int), "p_u": NUM, "p_e": NUM, "pattern": STR_OR_NULL, "sharers": NUM_OR_NULL, "insertions": NUM_OR_NULL,
     "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
@@ -163,10 +195,20 @@ SUMMARY_SHAPE = Obj({
     "eval_split": STR_OR_NULL, "eval_accuracy": NUM_OR_NULL, "eval_perplexity": NUM_OR_NULL, "eval_f1": NUM_OR_NULL, "eval_loss": NUM_OR_NULL,
     "audit": Obj({"total": AUDIT_TOTALS, "by_configuration": Each(AUDIT_TOTALS)}), "privatize": Obj({"guarantee": STR_OR_NULL, "mechanism": STR_OR_NULL, "eta": NUM_OR_NULL, "t": NUM_OR_NULL}),
     "vocabulary": Obj({"source": STR_OR_NULL, "vocab_size": NUM_OR_NULL, "pieces_per_word": NUM_OR_NULL}), "starts_from": Each((str,)),
+    "group": (str,), "seed": NUM_OR_NULL, "canary_seed": NUM_OR_NULL, "privacy_unit": STR_OR_NULL, "examples_per_user": NUM_OR_NULL,
+    "utility_metric": STR_OR_NULL, "utility_label": STR_OR_NULL, "utility": NUM_OR_NULL, "degenerate": STR_OR_NULL,
+    "target": TARGET_SHAPE, "empirical": EMPIRICAL_SHAPE, "along": Each(Each(NUM_OR_NULL), list_=True),
+    "data_notes": Each((str,), list_=True), "tuned": Obj({"winner": (dict,), "metric": STR_OR_NULL, "record": (str,)}),
 }, ("name", "kind"))
 CHECKPOINT_SHAPE = Obj({"step": (int,), "kind": (str,), "pending": (list,), "state_file": (str,)}, ("step", "state_file"))
-RUN_RECORD = Obj({"name": (str,), "kind": (str,), "config": Obj({"privacy": (dict, type(None)), "federated": (dict, type(None))})}, ("name", "kind", "config"))
-STORE_RECORD = Obj({"name": (str,), "runs": Each(RUN_RECORD, list_=True)}, ("name", "runs"))
+RUN_RECORD = Obj({
+    "name": (str,), "kind": (str,), "group": STR_OR_NULL, "seed": NUM_OR_NULL, "tune": (dict,), "tune_fraction": NUM,
+    "config": Obj({"privacy": (dict, type(None)), "federated": (dict, type(None))}),
+}, ("name", "kind", "config"))
+CONTRAST = Obj({"name": (str,), "a": (str,), "b": (str,)}, ("name", "a", "b"))
+STORE_RECORD = Obj({"name": (str,), "runs": Each(RUN_RECORD, list_=True), "contrasts": Each(CONTRAST, list_=True)}, ("name", "runs"))
+#: ``config.json``: the resolved experiment and the task's headline utility (metric name, label).
+CONFIG_SHAPE = Obj({"experiment": (dict,), "utility": Each((str,), list_=True)})
 
 
 def read_store_record(store: str | os.PathLike[str]) -> dict[str, Any]:
@@ -207,13 +249,14 @@ class RunDir:
 
     def reset(self) -> None:
         """Start afresh: remove the files training and the store wrote (RUN_FILES, checkpoint
-        states, partial writes); nothing else in the directory is touched."""
+        states, parameters and audits along training, partial writes); nothing else in the directory is touched."""
         if not self.path.is_dir():
             return
         for name in RUN_FILES:
             (self.path / name).unlink(missing_ok=True)
         for p in self.path.iterdir():
-            if (STATE_FILE.match(p.name) or p.name.endswith(".partial")) and p.is_file():
+            ours = any(r.match(p.name) for r in (STATE_FILE, SNAPSHOT_FILE, ALONG_FILE)) or p.name.endswith(".partial")
+            if ours and p.is_file():
                 p.unlink()
 
     # ---- JSON files ------------------------------------------------------------------------------
@@ -233,7 +276,16 @@ class RunDir:
         path = self.path / CONFIG
         if not path.is_file():
             return None
-        return expect_shape(read_json(path, "run config"), path, "run config", Obj({"experiment": (dict,)}))
+        meta = expect_shape(read_json(path, "run config"), path, "run config", CONFIG_SHAPE)
+        if "utility" in meta and len(meta["utility"]) != 2:
+            raise DataFormatError(path, None, "not a run config: utility must be [metric, label]")
+        return meta
+
+    def utility(self) -> tuple[str, str]:
+        """The task's headline utility (metric, label) that ``config.json`` records (accuracy by default)."""
+        meta = self.config_meta() or {}
+        metric, label = meta.get("utility") or ("accuracy", "accuracy")
+        return metric, label
 
     def experiment_config(self) -> ExperimentConfig:
         """The resolved experiment config the run was trained with (``config.json``), without
@@ -339,6 +391,26 @@ class RunDir:
     def has_params(self) -> bool:
         return self.has(PARAMS)
 
+    def write_snapshot(self, step: int, params: Any) -> None:
+        """Parameters after ``step`` steps or rounds, kept for an audit along training."""
+        name = f"params-{int(step)}.msgpack"
+        tmp = self.path / (name + ".partial")
+        tmp.write_bytes(serialization.to_bytes(params))
+        os.replace(tmp, self.path / name)
+
+    def snapshot_steps(self) -> list[int]:
+        """Steps with saved parameters (:meth:`write_snapshot`), in order."""
+        steps = []
+        for p in self.path.glob("params-*.msgpack"):
+            m = SNAPSHOT_FILE.match(p.name)
+            if m and p.is_file():
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def load_snapshot(self, step: int, template: Any) -> Any:
+        """The parameters saved after ``step``; DataFormatError when damaged or of other shapes."""
+        return self._restore(template, self.path / f"params-{int(step)}.msgpack", "parameters")
+
     def read_params_tree(self) -> Any:
         """The final parameters as a raw nested dict of arrays (no template needed)."""
         path = self.path / PARAMS
@@ -400,6 +472,31 @@ class RunDir:
 
     def audit_summary(self) -> dict[str, Any] | None:
         return self.audit()["summary"] if self.has(AUDIT_JSON) else None
+
+    def along_audit(self, step: int) -> dict[str, Any]:
+        """``audit-<step>.json`` (audit.along), checked like ``audit.json``, for that step."""
+        path = self.path / along_audit(step)
+        audit = expect_shape(read_json(path, "audit"), path, "audit", Obj({**AUDIT_SHAPE.fields, "step": (int,)}, ("summary", "step")))
+        if audit["step"] != int(step):
+            raise DataFormatError(path, None, f"not the audit of step {step}: it says step {audit['step']}")
+        return audit
+
+    def empirical(self) -> dict[str, Any]:
+        """``empirical.json``, checked: the bounds and the attack's statistics."""
+        path = self.path / EMPIRICAL
+        return expect_shape(read_json(path, "empirical audit"), path, "empirical audit", EMPIRICAL_SHAPE)
+
+    def data_record(self) -> dict[str, Any] | None:
+        """``data.json`` (what preparing the data decided on its own), checked, or None."""
+        path = self.path / DATA
+        if not path.is_file():
+            return None
+        return expect_shape(read_json(path, "data record"), path, "data record", DATA_SHAPE)
+
+    def record(self, name: str, what: str) -> dict[str, Any]:
+        """A free-form JSON record of the run (``privatize.json``, ``vocabulary.json``, ``tokenizer.json``): a JSON object."""
+        path = self.path / name
+        return expect_shape(read_json(path, what), path, what, Obj({}))
 
     # ---- failure --------------------------------------------------------------------------------
     def write_failure(self, reason: str, step: int, checkpoint_step: int | None) -> None:

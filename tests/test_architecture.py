@@ -14,7 +14,7 @@ ROOT = Path(fedpriv.__file__).parent
 #: Lowest first. A module may import modules of its own package and of packages in LOWER layers
 #: only; packages sharing a layer do not import each other.
 LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", "logs"},
     {"jsonio"},
     {"data", "models"},
     {"vocab", "privacy"},

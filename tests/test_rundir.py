@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 from flax import serialization
 
 from fedpriv.errors import DataFormatError, FedprivError
-from fedpriv.rundir import CHECKPOINT, METRICS, PARAMS, RunDir, read_store_record
+from fedpriv.rundir import CHECKPOINT, DATA, EMPIRICAL, METRICS, PARAMS, RunDir, read_store_record
 
 
 def test_checkpoints_replace_each_other_whole_and_damage_is_named(tmp_path):
@@ -138,3 +139,57 @@ def test_store_records_and_summaries_are_checked_for_shape(tmp_path):
     run.write_summary({"name": "r", "kind": "central", "epsilon": "big"})
     with pytest.raises(DataFormatError, match="not a run summary: epsilon must be an integer or a number or null, got \"big\""):
         run.summary()
+
+
+def test_files_of_seeds_targets_tuning_and_empirical_audits_are_checked_for_shape(tmp_path):
+    run = RunDir(tmp_path / "r").create()
+    audit = {"summary": {"total": {"rs_memorized": 1}}, "canaries": []}
+    run.write_json("audit-4.json", {**audit, "step": 4})
+    assert run.along_audit(4)["summary"]["total"] == {"rs_memorized": 1}
+    run.write_json("audit-6.json", {**audit, "step": 4})
+    with pytest.raises(DataFormatError, match=r"audit-6.json: not the audit of step 6: it says step 4"):
+        run.along_audit(6)
+    run.write_json("audit-8.json", {"summary": {"total": []}, "step": 8})
+    with pytest.raises(DataFormatError, match=r"audit-8.json: not an audit: summary.total must be an object"):
+        run.along_audit(8)
+    run.write_json(EMPIRICAL, {"kind": "example", "unit": "example", "canaries": 10, "epsilon_lower_bound": "high", "delta": 1e-5})
+    with pytest.raises(DataFormatError, match=r"empirical.json: not an empirical audit: epsilon_lower_bound must be an integer or a number"):
+        run.empirical()
+    run.write_json(DATA, {"notes": "cut"})
+    with pytest.raises(DataFormatError, match=r"data.json: not a data record: notes must be a list"):
+        run.data_record()
+    run.write_config({"experiment": {}, "utility": ["accuracy"]})
+    with pytest.raises(DataFormatError, match=r"config.json: not a run config: utility must be \[metric, label\]"):
+        run.utility()
+    run.write_summary({"name": "r", "kind": "central", "target": {"metric": "accuracy", "value": 0.2, "reached": "yes"}})
+    with pytest.raises(DataFormatError, match=r"summary.json: not a run summary: target.reached must be true or false"):
+        run.summary()
+    (tmp_path / "r" / "params-4.msgpack").write_bytes(b"\x81\xa1w")  # truncated msgpack
+    with pytest.raises(DataFormatError, match=r"params-4.msgpack: unreadable parameters"):
+        run.load_snapshot(4, {"w": np.zeros(3, np.float32)})
+
+
+def test_a_fresh_start_removes_snapshots_along_audits_and_the_empirical_audit(tmp_path):
+    run = RunDir(tmp_path).create()
+    for name in ("params-2.msgpack", "audit-2.json", EMPIRICAL, "audit_canaries.json", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    run.reset()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit_canaries.json", "notes.txt"]  # (the canaries are planted again)
+    assert run.snapshot_steps() == []
+
+
+def test_a_tuning_record_must_choose_a_candidate_of_the_runs_grid(tmp_path):
+    from fedpriv.runner.tune import read_tuning
+
+    spec = SimpleNamespace(name="r", tune={"training.learning_rate": [0.1, 0.3]})
+    record = {"group": "r", "keys": ["training.learning_rate"], "candidates": [{"values": {"training.learning_rate": 0.1}, "validation_utility": 0.2}],
+              "winner": {"training.learning_rate": 0.1}}
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(record))
+    assert read_tuning(path, spec)["winner"] == {"training.learning_rate": 0.1}
+    path.write_text(json.dumps({**record, "winner": {"data.options": {"spill_to": "/etc/passwd"}}}))
+    with pytest.raises(DataFormatError, match=r"r.json: the winner .* is not a candidate of run 'r'.s tune grid"):
+        read_tuning(path, spec)
+    path.write_text(json.dumps({**record, "candidates": {}}))
+    with pytest.raises(DataFormatError, match=r"r.json: not a tuning record: candidates must be a list"):
+        read_tuning(path, spec)

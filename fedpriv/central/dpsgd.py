@@ -18,10 +18,19 @@ Noise modes (the ledger accounts each with its effective multiplier, Hoory et al
 
 The sum of k independent N(0, s^2) draws is N(0, k s^2); the modes draw it as one Gaussian of
 that variance with the shared :func:`fedpriv.privacy.aggregate.noise_and_normalize`.
+
+**User-level DP-SGD** (``privacy.unit = "user"``): the unit sampled, clipped and accounted is a
+user. Each step samples B users (Poisson or fixed-size, :mod:`fedpriv.central.users`); each brings
+``privacy.examples_per_user`` of its examples; the gradient of the user's mean loss over them is
+clipped to C (so the user's whole contribution to a step is bounded by C, whatever its number of
+examples); the sum over users gets N(0, sigma^2 C^2) and is divided by B. The ledger accounts
+users (population: the training users), so a central run and a DP-FedAvg run can be compared at
+the same (epsilon, delta) for the same unit.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -31,6 +40,7 @@ import numpy as np
 import optax
 
 from fedpriv.central.sgd import CentralStepper
+from fedpriv.central.users import UserBatches
 from fedpriv.config import PrivacyConfig, TrainingConfig
 from fedpriv.errors import FedprivError, PrivacyParameterError
 from fedpriv.privacy.accounting import GaussianSteps
@@ -55,9 +65,17 @@ class DPSGDStepper(CentralStepper):
         tx: optax.GradientTransformation,
         total_steps: int,
         log=None,  # noqa: ANN001
+        user_counts: np.ndarray | None = None,
     ):
-        n = len(train["mask"])
         b_logical = cfg.batch_size
+        self.user_batches: UserBatches | None = None
+        if dp.unit == "user":
+            if user_counts is None:
+                raise FedprivError("user-level DP-SGD needs the training users' example counts")
+            self.user_batches = UserBatches(user_counts, dp.sampling, b_logical, total_steps, dp.examples_per_user, seed)
+            n, self.group = self.user_batches.num_users, dp.examples_per_user
+        else:
+            n, self.group = len(train["mask"]), 1
         super().__init__(task, cfg, total_steps, max(1, math.ceil(n / b_logical)), tx)
         self.train, self.dp, self.seed = train, dp, seed
         say = log or (lambda _m: None)
@@ -71,7 +89,7 @@ class DPSGDStepper(CentralStepper):
             )
         self.P = dp.devices
         self.b = dp.micro_batch_size or math.ceil(b_logical / self.P)
-        self.rows = self.P * self.b  # rows per micro-step
+        self.rows = self.P * self.b  # units (examples, or users) per micro-step
         self.T = math.ceil(b_logical / self.rows)  # micro-steps per logical batch (fixed-size sampling)
         if dp.noise_mode == "per-micro-step":  # (it needs sampling = "fixed": PrivacyConfig refuses it otherwise)
             if b_logical % self.rows:
@@ -79,7 +97,7 @@ class DPSGDStepper(CentralStepper):
         shards = self.P if dp.noise_mode in ("per-shard", "per-micro-step") else 1
         micro = self.T if dp.noise_mode == "per-micro-step" else 1
         self.draws = shards * micro
-        template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, "example", shards, micro)
+        template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, dp.unit, shards, micro)
         self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say)
         self.sigma = self.budget.noise_multiplier
         if self.budget.event is None:
@@ -91,6 +109,12 @@ class DPSGDStepper(CentralStepper):
 
     # ---- setup -----------------------------------------------------------------------------------
     def _choose_clipping(self, say):  # noqa: ANN001
+        if self.group > 1:
+            if self.dp.clipping == "fast":
+                raise FedprivError("privacy.clipping = 'fast' covers example-level DP-SGD; user-level DP-SGD clips with the reference (vmap over users)")
+            say(f"per-user clipping: reference (vmap over users, {self.group} examples each)")
+            self.clipping = "reference"
+            return functools.partial(reference_clipped_sum, group=self.group)
         probe = {k: jnp.asarray(v) for k, v in gather(self.train, np.arange(self.b) % len(self.train["mask"]), self.b).items()}
         params = jax.eval_shape(self.task.init_params, jax.random.key(0))
         ok, why = supports_fast(self.task, params, probe, jax.random.key(0))
@@ -132,7 +156,10 @@ class DPSGDStepper(CentralStepper):
 
     # ---- the Stepper interface ---------------------------------------------------------------------
     def sample(self, step: int) -> np.ndarray:
-        """Record indices of step ``step``'s logical batch (deterministic by seed and step)."""
+        """Record indices of step ``step``'s logical batch (deterministic by seed and step): (units,)
+        for example-level DP-SGD, (users, examples_per_user) for user-level."""
+        if self.user_batches is not None:
+            return self.user_batches.indices(step)
         n = len(self.train["mask"])
         rng = np.random.default_rng([self.seed, step, 0xD5])
         if self.dp.sampling == "poisson":
@@ -148,7 +175,8 @@ class DPSGDStepper(CentralStepper):
         loss_sum, count = 0.0, 0.0
         chunks = max(1, math.ceil(len(idx) / self.rows)) if self.dp.sampling == "poisson" else self.T
         for k in range(chunks):
-            batch = gather(self.train, idx[k * self.rows : (k + 1) * self.rows], self.rows)
+            units = idx[k * self.rows : (k + 1) * self.rows]
+            batch = gather(self.train, units.reshape(-1), self.rows * self.group)
             if self._sharding is not None:
                 batch = jax.device_put(batch, self._sharding[0])
             acc, ls, c = self._accumulate(state["params"], acc, batch, jax.random.fold_in(key, k + 1))

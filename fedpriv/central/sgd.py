@@ -20,7 +20,7 @@ from fedpriv.central.order import BatchSchedule
 from fedpriv.config import TrainingConfig
 from fedpriv.errors import FedprivError
 from fedpriv.tasks.base import Batch, Params, Task
-from fedpriv.training.loop import Stepper, gather, step_key_base
+from fedpriv.training.loop import Stepper, eval_text, gather, step_key_base
 
 GradFn = Callable[[Params, Mapping[str, jax.Array], jax.Array], tuple[jax.Array, Params]]
 """(params, batch, rng) -> (loss, gradient pytree)."""
@@ -70,10 +70,7 @@ class CentralStepper(Stepper):
         parts = [f"step {done}/{self.total}", f"train loss {row['loss']:.4f}"]
         if row.get("epsilon") is not None:
             parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g}; {row.get('basis', '')})")
-        last = eval_rows[-1] if eval_rows else {}
-        for k in ("perplexity", "accuracy", "f1", "loss"):
-            if k in last:
-                parts.append(f"{last['split']} {k} {last[k]:.4g}")
+        parts += eval_text(eval_rows)
         parts.append(f"{since * self.cfg.batch_size / max(seconds, 1e-9):.0f} examples/s")
         return ", ".join(parts)
 

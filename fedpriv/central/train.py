@@ -14,7 +14,7 @@ from fedpriv.config import TrainingConfig
 from fedpriv.errors import FedprivError
 from fedpriv.rundir import RunDir
 from fedpriv.tasks.base import Batch, Task
-from fedpriv.training.loop import LoopResult, run_loop
+from fedpriv.training.loop import LoopResult, Target, run_loop
 from fedpriv.training.optimizers import make_optimizer
 from fedpriv.training.prepared import Prepared
 
@@ -37,12 +37,15 @@ def train_central(
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
     extra_meta: dict[str, Any] | None = None,
+    target: Target | None = None,
+    snapshots: bool = False,
 ) -> LoopResult:
     """Train ``task`` on pre-encoded ``train`` rows (users in corpus order, ``user_counts`` rows each).
 
     ``eval_sets``: name -> encoded rows, evaluated every ``cfg.eval_every`` steps and at the end.
     ``stepper``: how a step is made (default :class:`SGDStepper`, with ``grad_fn`` if given).
     ``stop_after``: stop with a checkpoint once this many steps are done in total (a kill).
+    ``target``: stop at a utility target; ``snapshots``: keep every evaluation's parameters.
     Resumes from the run directory's checkpoint when there is one."""
     num = len(train["mask"])
     if num == 0:
@@ -52,8 +55,8 @@ def train_central(
     steps = total_steps(cfg, num)
     if stepper is None:
         stepper = SGDStepper(task, train, user_counts, cfg, seed, training_optimizer(cfg, steps), steps, grad_fn)
-    meta = {"training": cfg.model_dump(), "seed": seed, "task": task.name, **(extra_meta or {})}
-    return run_loop(stepper, task, RunDir(run_dir), seed, meta, eval_sets, cfg.eval_batch_size, stop_after, log)
+    meta = {"training": cfg.model_dump(), "seed": seed, "task": task.name, "utility": list(task.utility), **(extra_meta or {})}
+    return run_loop(stepper, task, RunDir(run_dir), seed, meta, eval_sets, cfg.eval_batch_size, stop_after, log, target, snapshots)
 
 
 def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None) -> CentralStepper:
@@ -64,7 +67,7 @@ def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None
     tx = training_optimizer(cfg.training, steps)
     if cfg.privacy is None:
         return SGDStepper(prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, tx, steps)
-    return DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log)
+    return DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts())
 
 
 def train_prepared_central(prepared: Prepared, run_dir: str | os.PathLike[str], stop_after: int | None = None, log: Callable[[str], None] | None = None) -> LoopResult:
@@ -77,4 +80,5 @@ def train_prepared_central(prepared: Prepared, run_dir: str | os.PathLike[str], 
     return train_central(
         prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, run_dir,
         eval_sets=prepared.eval_arrays, stepper=stepper, stop_after=stop_after, log=log, extra_meta={"experiment": cfg.model_dump()},
+        target=prepared.target(), snapshots=cfg.audit.along,
     )

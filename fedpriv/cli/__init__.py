@@ -3,6 +3,10 @@
 Every subcommand has ``--help``. Errors fedpriv raises on purpose (bad input, impossible
 parameters) are printed as one line ``fedpriv: error: ...`` on stderr, exit code 2; an
 unexpected failure prints one line too (exit 1) unless ``FEDPRIV_DEBUG=1`` asks for the traceback.
+
+Every command that takes an experiment config takes ``--set KEY=VALUE`` (repeatable) to change
+one of its keys. Known-harmless third-party messages are filtered (:mod:`fedpriv.logs`);
+``-v`` (anywhere on the line) shows them.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from fedpriv.cli.privacy import privacy_app
 from fedpriv.cli.privatize import privatize_app
 from fedpriv.cli.vocab import vocab_app
 from fedpriv.errors import FedprivError
+from fedpriv.logs import setup as setup_logs
 
 app = typer.Typer(
     name="fedpriv",
@@ -47,6 +52,16 @@ app.add_typer(privatize_app)  # one command: fedpriv privatize
 
 out = Console()
 err = Console(stderr=True)
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def _say(message: str) -> None:
+    """A progress line on stderr: one line whatever its length (no wrapping into a log file)."""
+    err.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def _set_option():
+    return typer.Option([], "--set", help="Override a config key, KEY=VALUE (repeatable; VALUE read as JSON when it parses), e.g. --set training.steps=100.")
 
 
 def _version(value: bool) -> None:
@@ -58,8 +73,11 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    verbose: bool = typer.Option(False, *VERBOSE_FLAGS, help="Show the third-party warnings fedpriv filters as known-harmless (also after a subcommand)."),
 ) -> None:
     """fedpriv: federated and central training with privacy, canaries and memorization audits."""
+    if verbose:
+        setup_logs(True)
 
 
 @data_app.command("inspect")
@@ -100,6 +118,8 @@ def _print_stats(stats: dict) -> None:
     t.add_row("examples per user", f"min {per['min']}, median {per['median']:g}, mean {per['mean']:.1f}, max {per['max']}")
     for k, v in stats.get("load", {}).items():
         t.add_row(f"load: {k}", str(v))
+    for note in stats.get("notes", []):
+        t.add_row("note", note)
     for k, v in stats.get("entities", {}).items():
         t.add_row(f"entities: {k}", f"{v:,}")
     out.print(t)
@@ -123,15 +143,16 @@ def config_check(
     path: Path = typer.Argument(..., help="An experiment TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
     static: bool = typer.Option(False, "--static", help="Check the keys only; do not load the data (cohort and batch sizes, calibration are not checked)."),
+    set_: list[str] = _set_option(),
 ) -> None:
     """Validate an experiment config (or an experiment with [[runs]], every run resolved) with
     the checks training makes before its first step: unknown keys and wrong types by key path,
-    impossible privacy, then (unless --static) the data: cohort and batch sizes, delta against
+    impossible privacy, a plug-in task imported, then (unless --static) the data: cohort and batch sizes, delta against
     1/N, the noise calibration."""
     from fedpriv.runner.checks import check_file
 
     with _naming(path):
-        checked = check_file(path, static)
+        checked = check_file(path, static, overrides=parse_options(set_, "--set"))
     runs = checked.runs
     for r in runs:
         for w in r.warnings:
@@ -142,7 +163,7 @@ def config_check(
         scope = f" (the data of {', '.join(skipped)} is checked when the runs they start from have trained)"
     if checked.experiment:
         if as_json:
-            doc: dict = {"name": checked.name, "runs": [{"name": r.name, "kind": r.kind, "config": r.config.model_dump()} for r in runs]}
+            doc: dict = {"name": checked.name, "runs": [r.record for r in runs]}
             if checked.measures:
                 doc["measures"] = [m.model_dump() for m in checked.measures]
             print(json.dumps(doc, indent=2))
@@ -180,7 +201,7 @@ def _warn(message: str) -> None:
 _RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's checkpoint, metrics and parameters first (needed after a config change or a failed run).")
 
 
-def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], restart: bool = False) -> dict:
+def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
     from fedpriv.config import check_kind, load_config
     from fedpriv.rundir import RunDir
@@ -188,8 +209,8 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
     from fedpriv.runner.prepare import prepare
     from fedpriv.runner.summary import train_summary
 
-    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
-    cfg = load_config(config)
+    say = None if as_json else _say
+    cfg = load_config(config, parse_options(set_, "--set"))
     check_kind(cfg, kind, str(config))
     default = Path("runs") / (cfg.name if kind == "central" else f"{cfg.name}-federated")
     run_dir = out_dir or default
@@ -203,6 +224,10 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
 def _print_summary(title: str, summary: dict) -> None:
     t = Table(title=title, show_header=False)
     for k, v in summary.items():
+        if isinstance(v, list):
+            for item in v:
+                t.add_row(k.replace("_", " ").removesuffix("s"), str(item))
+            continue
         t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v))
     out.print(t)
 
@@ -214,10 +239,11 @@ def train_central_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
     restart: bool = _RESTART,
+    set_: list[str] = _set_option(),
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
     with _naming(config):
-        summary = _train(config, "central", out, None, as_json, stop_after, restart)
+        summary = _train(config, "central", out, None, as_json, stop_after, set_, restart)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -232,10 +258,11 @@ def train_federated_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
     restart: bool = _RESTART,
+    set_: list[str] = _set_option(),
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
     with _naming(config):
-        summary = _train(config, "federated", out, engine, as_json, stop_after, restart)
+        summary = _train(config, "federated", out, engine, as_json, stop_after, set_, restart)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -251,13 +278,15 @@ def run_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
     restart: bool = typer.Option(False, "--restart", help="Start runs whose config changed, and failed runs, afresh (finished unchanged runs are kept)."),
+    only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
     from fedpriv.runner.store import failures, run_experiment
 
-    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
+    say = None if as_json else _say
+    names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     with _naming(experiment):
-        store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_), stop_after, say, restart)
+        store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_, "--set"), stop_after, say, restart, names)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -266,9 +295,10 @@ def run_cmd(
     if as_json:
         print(json.dumps({"store": str(store), "complete": complete, "runs": summaries, "report": str(written) if written else None}, indent=2))
     elif not complete:
-        out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}` again to resume ({store})")
+        again = f" --only {only}" if only else ""
+        out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}{again}` again to resume ({store})")
     elif written is not None:
-        out.print((written / "comparison.md").read_text(), markup=False, highlight=False)
+        out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
         out.print(f"report: {written}")
     failed = failures(store, _run_names(store))
     if failed:
@@ -290,23 +320,35 @@ def report_cmd(
     from fedpriv.report.tables import write_report
 
     written = write_report(store)
-    out.print((written / "comparison.md").read_text(), markup=False, highlight=False)
+    out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
     out.print(f"report: {written}")
 
 
 @app.command("audit")
 def audit_cmd(
-    run_dir: Path = typer.Argument(..., help="A trained run directory (from fedpriv train) whose experiment has [canaries]."),
+    run_dir: Path = typer.Argument(..., help="A trained run directory (from fedpriv train) whose experiment has [canaries] (or, with --empirical, [audit] empirical = true)."),
     as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
     candidates: Optional[int] = typer.Option(None, "--candidates", min=1, help="Random Sampling: random suffixes per canary (default: the config's audit.rs_candidates)."),
+    empirical: bool = typer.Option(False, "--empirical", help="The empirical privacy audit instead: a lower bound on epsilon from the run's audit canaries (empirical.json)."),
+    set_: list[str] = typer.Option([], "--set", help="Override an audit key of the run's config, audit.KEY=VALUE (repeatable), e.g. --set audit.beam_width=10."),
 ) -> None:
     """Memorization audit: Random Sampling, Beam Search, exposure and extraction (NWP); the
-    secret sharer's exposure (masked LM). Writes audit.json and audit.md into RUN_DIR."""
-    from fedpriv.rundir import AUDIT_MD
-    from fedpriv.runner.audit import audit_run
+    secret sharer's exposure (masked LM); Random Sampling by the task's loss (plug-in tasks).
+    Writes audit.json and audit.md into RUN_DIR. With --empirical: the one-run lower bound on
+    epsilon from the audit canaries, beside the accountant's epsilon, into empirical.json."""
+    from fedpriv.rundir import AUDIT_MD, EMPIRICAL
+    from fedpriv.runner.audit import audit_run, empirical_audit
 
-    say = None if as_json else (lambda m: err.print(m, markup=False, highlight=False))
-    report = audit_run(run_dir, candidates, say)
+    say = None if as_json else _say
+    if empirical:
+        report = empirical_audit(run_dir, say)
+        if as_json:
+            print(json.dumps(report, indent=2))
+            return
+        _print_summary(f"empirical privacy of {run_dir} (per {report['unit']})", {k: v for k, v in report.items() if k not in ("score",)})
+        out.print(f"written: {run_dir / EMPIRICAL}")
+        return
+    report = audit_run(run_dir, candidates, say, overrides=parse_options(set_, "--set"))
     if as_json:
         print(json.dumps(report, indent=2))
         return
@@ -315,25 +357,27 @@ def audit_cmd(
 
 
 # Short headers so the per-canary table fits an 80-column terminal (audit.md has the long names).
-AUDIT_HEADERS = {"insertions": "ins.", "rs_memorized": "RS", "rs_rank": "RS rank", "bs_memorized": "BS", "exposure": "exp.", "exposure_extrapolated": "exp. fit"}
+AUDIT_HEADERS = {"insertions": "ins.", "rs_memorized": "RS", "rs_rank": "RS rank", "bs_memorized": "BS", "exposure": "exp.", "exposure_extrapolated": "exp. fit",
+                 "inserted": "ins.", "exposure_mean": "exp. mean", "exposure_max": "exp. max", "canary_loss": "loss"}
 
 
 def _print_audit(report: dict) -> None:
-    from fedpriv.memorization.audit import CANARY_COLUMNS, fmt_value
+    from fedpriv.memorization.audit import canary_table_columns, fmt_value
 
-    cols = CANARY_COLUMNS[report["task"]]
+    cols = canary_table_columns(report["task"])
     t = Table(title=f"canaries ({report['parameters']}; exposure in bits)")
     for c in cols:
-        t.add_column(AUDIT_HEADERS.get(c, c.replace("_", " ")))
+        t.add_column(AUDIT_HEADERS.get(c, c.replace("_", " ")), overflow="fold")
     for r in report["canaries"]:
         t.add_row(*(fmt_value(r.get(c)) for c in cols))
     out.print(t)
     s = Table(title="summary by configuration")
     total = report["summary"]["total"]
     keys = list(total)
-    s.add_column("configuration")
+    labels = [*report["summary"]["by_configuration"], "all"]
+    s.add_column("configuration", no_wrap=True, min_width=max(len(n) for n in labels))  # never cut a label
     for k in keys:
-        s.add_column(k.replace("_", " "))
+        s.add_column(AUDIT_HEADERS.get(k, k.replace("_", " ")), overflow="fold")
     for name, b in [*report["summary"]["by_configuration"].items(), ("all", total)]:
         s.add_row(name, *(fmt_value(b[k]) for k in keys))
     out.print(s)
@@ -346,10 +390,12 @@ def demo(
     config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment to run."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    set_: list[str] = _set_option(),
+    only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME]."),
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, [], True, as_json, None, False)
+    run_cmd(config, out_dir, set_, True, as_json, None, False, only)
 
 
 def _one_line(message: str) -> str:
@@ -357,10 +403,20 @@ def _one_line(message: str) -> str:
     return message.replace("\r", "\\r").replace("\n", "\\n")
 
 
+
+def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without its ``-v``/``--verbose`` flags (allowed after a subcommand too), and whether it had one."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [a for i, a in enumerate(argv) if i >= end or a not in VERBOSE_FLAGS]
+    return kept, len(kept) < len(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every error into one line and an exit code."""
     debug = os.environ.get("FEDPRIV_DEBUG") == "1"
-    if not debug:  # dp-accounting's notes on RDP orders it skips are not the user's to act on
+    argv, verbose = _take_verbose(list(sys.argv[1:] if argv is None else argv))
+    setup_logs(verbose or None)
+    if not debug and not verbose:  # dp-accounting's notes on RDP orders it skips are not the user's to act on
         logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         app(args=argv, standalone_mode=False, prog_name="fedpriv")

@@ -8,13 +8,14 @@ from typing import Any
 from fedpriv.errors import FedprivError
 
 
-def parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs -> dict; VALUE is read as JSON when it parses (numbers, true, lists), else a string."""
+def parse_options(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (of ``flag``) -> dict; VALUE is read as JSON when it parses (numbers, true,
+    lists, tables), else a string."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise FedprivError(f"--option {pair!r}: expected KEY=VALUE")
+            raise FedprivError(f"{flag} {pair!r}: expected KEY=VALUE")
         try:
             options[key.strip()] = json.loads(value)
         except json.JSONDecodeError:

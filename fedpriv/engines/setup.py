@@ -20,17 +20,21 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.clients.data import ClientData
 from fedpriv.clients.privacy import RecordLevelPrivacy
 from fedpriv.clients.update import ClientDP
 from fedpriv.errors import ConfigError
+from fedpriv.memorization.empirical import AuditCanaries, client_direction
 from fedpriv.rundir import LEDGER, RunDir
+from fedpriv.strategies.aggregators import DeltaAccumulator
 from fedpriv.strategies.sampling import Participation
 from fedpriv.strategies.server import ServerCore
 from fedpriv.tasks.base import Params
-from fedpriv.training.loop import LoopResult, Stepper, init_key, run_loop
+from fedpriv.training.loop import LoopResult, Stepper, eval_text, init_key, run_loop
 from fedpriv.training.prepared import Prepared
 
 
@@ -49,7 +53,10 @@ class FederatedSetup:
         self.seed = cfg.seed
         self.task = prepared.task
         self.data = ClientData(prepared.train_arrays, prepared.train.counts())
-        self.core = ServerCore(self.fcfg, self.data.num_users, cfg.seed, log)
+        ac = prepared.audit_canaries
+        self.canary_clients = CanaryClients(ac, self.data.num_users) if ac is not None and ac.kind == "client" else None
+        extra = self.canary_clients.count if self.canary_clients is not None else 0
+        self.core = ServerCore(self.fcfg, self.data.num_users + extra, cfg.seed, log)
         self.client_dp: ClientDP | None = None
         self.record_level: RecordLevelPrivacy | None = None
         self.participation: Participation | None = None
@@ -72,6 +79,35 @@ class FederatedSetup:
 
     def initial_params(self) -> Params:
         return self.task.init_params(init_key(self.seed))
+
+
+class CanaryClients:
+    """The member canary clients of an empirical audit with random-direction canaries (Andrew et
+    al. 2024): they join the population as users ``first .. first + count - 1``, hold no data,
+    and when sampled add their fixed direction, scaled to the round's clip norm S, to the round's
+    clipped sum like any client's delta (:func:`fedpriv.memorization.empirical.client_direction`)."""
+
+    def __init__(self, canaries: AuditCanaries, first: int):
+        self.seed = canaries.seed
+        self.canary_index = np.flatnonzero(canaries.included)  # population user first + j is canary canary_index[j]
+        self.first = first
+
+    @property
+    def count(self) -> int:
+        return int(len(self.canary_index))
+
+    def split(self, cohort: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the cohort's real users, its canary clients as population indices)."""
+        cohort = np.asarray(cohort)
+        return cohort[cohort < self.first], cohort[cohort >= self.first]
+
+    def add(self, acc: DeltaAccumulator, template: Params, canaries: np.ndarray) -> None:
+        """Add the sampled canary clients' directions (norm S) to the round's accumulator."""
+        if len(canaries) == 0:
+            return
+        norm = acc.clip_norm if np.isfinite(acc.clip_norm) else 1.0
+        dirs = [client_direction(self.seed, int(self.canary_index[u - self.first]), template, norm) for u in canaries]
+        acc.add(jax.tree_util.tree_map(lambda *x: jnp.stack(x), *dirs), np.ones(len(dirs)))
 
 
 class Engine(Protocol):
@@ -126,10 +162,7 @@ class RoundStepper(Stepper):
             parts.append(f"clip {row['clip_norm']:.3g} (unclipped {row.get('unclipped_fraction', 0):.0%})")
         if row.get("epsilon") is not None:
             parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g}; {row['basis']})")
-        last = eval_rows[-1] if eval_rows else {}
-        for k in ("perplexity", "accuracy", "f1"):
-            if k in last:
-                parts.append(f"{last['split']} {k} {last[k]:.4g}")
+        parts += eval_text(eval_rows)
         parts.append(f"{seconds:.0f}s")
         return ", ".join(parts)
 
@@ -153,6 +186,9 @@ def train_federated(
     ``stop_after``: stop with a checkpoint once this many rounds are done (a kill, for tests)."""
     run = RunDir(run_dir).create()
     setup.prepared.save_assets(run.path)
-    meta = {"kind": "federated", "engine": engine.name, "experiment": setup.config.model_dump()}
+    meta = {"kind": "federated", "engine": engine.name, "experiment": setup.config.model_dump(), "utility": list(setup.task.utility)}
     stepper = RoundStepper(setup, engine)
-    return run_loop(stepper, setup.task, run, setup.seed, meta, setup.prepared.eval_arrays, setup.config.training.eval_batch_size, stop_after, log)
+    return run_loop(
+        stepper, setup.task, run, setup.seed, meta, setup.prepared.eval_arrays, setup.config.training.eval_batch_size, stop_after, log,
+        setup.prepared.target(), setup.config.audit.along,
+    )

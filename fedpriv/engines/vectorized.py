@@ -63,6 +63,9 @@ class VectorizedEngine:
         s = self.setup
         cohort = s.core.sampler.sample(round_)
         acc = s.core.accumulator(state)
+        if s.canary_clients is not None:  # audit canaries: their directions, then the real users
+            cohort, canaries = s.canary_clients.split(cohort)
+            s.canary_clients.add(acc, state["params"], canaries)
         counts = s.data.counts
         loss_sum, steps = 0.0, 0
         for users, width in self.chunks(cohort):

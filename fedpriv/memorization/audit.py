@@ -6,7 +6,13 @@
   suffixes, or the whole candidate space when it is that small), Beam Search, and exposure
   (exact or interpolated from the rank, and extrapolated from a skew-normal fit); extraction
   (greedy continuation) on duplicated, unique and validation prefixes;
-* masked-LM: the secret sharer's exposure of each pattern canary's secret.
+* masked-LM: the secret sharer's exposure of each pattern canary's secret;
+* any other task (plug-ins): Random Sampling scored by the task's own per-example loss, with
+  exposure (:mod:`fedpriv.memorization.task_sampling`).
+
+A configuration is labelled by its p_u as planted: when the scaling rule multiplied it (the log
+says "p_u scaled x72.4"), the label shows the scaled value and the configured one
+(:func:`configuration_label`).
 """
 
 from __future__ import annotations
@@ -82,14 +88,23 @@ def canary_columns(canary: Canary) -> dict[str, Any]:
     }
 
 
+def configuration_label(row: Any) -> str:
+    """A canary configuration's name, e.g. ``p_u=2e-05 p_e=0.01`` (the pattern first for masked-LM
+    pattern canaries); when planting scaled p_u (``p_u_effective``), the scaled value with the
+    configured one and the factor: ``p_u=0.00145 (2e-05 x72.4) p_e=0.01``."""
+    pu, eff = row["p_u"], row.get("p_u_effective")
+    scaled = f"p_u={eff:.3g} ({pu:.3g} x{eff / pu:.3g})" if eff is not None and f"{eff:.3g}" != f"{pu:.3g}" else f"p_u={pu:.3g}"
+    return (f"{row['pattern']} " if row.get("pattern") else "") + f"{scaled} p_e={row['p_e']:.3g}"
+
+
 def summarize(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
     """Memorized out of total by test, overall and per configuration (and pattern)."""
+    tests = [k for k in ("rs_memorized", "bs_memorized") if rows and k in rows[0]]
 
     def block(rs: list[dict]) -> dict[str, Any]:
         out: dict[str, Any] = {"canaries": len(rs), "inserted": sum(1 for r in rs if r["insertions"] > 0)}
-        if task == "nwp":
-            out["rs_memorized"] = sum(r["rs_memorized"] for r in rs)
-            out["bs_memorized"] = sum(r["bs_memorized"] for r in rs)
+        for k in tests:
+            out[k] = sum(r[k] for r in rs)
         exps = [r["exposure"] for r in rs]
         out["exposure_mean"] = float(np.mean(exps)) if exps else None
         out["exposure_max"] = float(np.max(exps)) if exps else None
@@ -97,8 +112,7 @@ def summarize(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
-        key = (f"{r['pattern']} " if r.get("pattern") else "") + f"p_u={r['p_u']:.3g} p_e={r['p_e']:.3g}"
-        groups.setdefault(key, []).append(r)
+        groups.setdefault(configuration_label(r), []).append(r)
     return {"total": block(rows), "by_configuration": {k: block(v) for k, v in groups.items()}}
 
 
@@ -115,13 +129,19 @@ def fmt_value(v: Any) -> str:
 CANARY_COLUMNS = {
     "nwp": ["id", "p_u", "p_e", "sharers", "insertions", "rs_memorized", "rs_rank", "bs_memorized", "exposure", "exposure_extrapolated"],
     "mlm": ["id", "pattern", "p_u", "p_e", "sharers", "insertions", "rank", "exposure"],
+    "task": ["id", "p_u", "p_e", "sharers", "insertions", "rs_memorized", "rs_rank", "canary_loss", "exposure", "exposure_extrapolated"],
 }
+
+
+def canary_table_columns(task: str) -> list[str]:
+    """The per-canary columns of a task's audit (plug-ins: the loss-scored test's)."""
+    return CANARY_COLUMNS.get(task, CANARY_COLUMNS["task"])
 
 
 def markdown(report: dict[str, Any]) -> str:
     """The per-canary table and the summary, as Markdown."""
     task = report["task"]
-    cols = CANARY_COLUMNS[task]
+    cols = canary_table_columns(task)
     s = report["summary"]["total"]
     lines = [f"# Memorization audit: {report['run_dir']}", "", f"Task {task}, {report['parameters']}."]
     if task == "nwp":
@@ -129,6 +149,11 @@ def markdown(report: dict[str, Any]) -> str:
             f"Random Sampling: {s['rs_memorized']} of {s['canaries']} canaries memorized "
             f"({report['settings']['rs_candidates']:,} random suffixes); Beam Search: {s['bs_memorized']} of {s['canaries']} "
             f"(width {report['settings']['beam_width']}, top {report['settings']['beam_top']})."
+        )
+    elif "rs_memorized" in s:
+        lines.append(
+            f"Random Sampling scored by the task's per-example loss: {s['rs_memorized']} of {s['canaries']} canaries memorized "
+            f"({report['settings']['rs_candidates']:,} random suffixes)."
         )
     lines += ["", "## Summary by configuration", ""]
     keys = [k for k in s if k not in ("exposure_max",)]

@@ -57,11 +57,31 @@ def per_example_grads(task: Task, params: PyTree, batch: Mapping[str, jax.Array]
     return jax.vmap(jax.value_and_grad(one), in_axes=(None, 0))(params, dict(batch))
 
 
-def reference_clipped_sum(task: Task, params: PyTree, batch: Mapping[str, jax.Array], rng: jax.Array, clip_norm) -> tuple[PyTree, jax.Array, jax.Array]:
-    """Sum over the batch's real rows of each example's gradient clipped to norm C; the norms; the losses."""
-    losses, grads = per_example_grads(task, params, batch, rng)
-    total, norms = clipped_sum(grads, clip_norm, weights=batch["mask"])
-    return total, norms, losses
+def reference_clipped_sum(
+    task: Task, params: PyTree, batch: Mapping[str, jax.Array], rng: jax.Array, clip_norm, group: int = 1
+) -> tuple[PyTree, jax.Array, jax.Array]:
+    """Sum over the batch's units of each unit's gradient clipped to norm C; the unit norms; the
+    per-row losses.
+
+    A unit is one row (``group`` = 1: example-level DP-SGD), or ``group`` consecutive rows, one
+    user's examples (user-level DP-SGD): its gradient is that of the mean loss over its real
+    rows, so however many examples a user has, its whole contribution is clipped to C once. A
+    unit with no real row contributes nothing."""
+    if group == 1:
+        losses, grads = per_example_grads(task, params, batch, rng)
+        total, norms = clipped_sum(grads, clip_norm, weights=batch["mask"])
+        return total, norms, losses
+    units = jax.tree.map(lambda v: v.reshape((-1, group) + v.shape[1:]), dict(batch))
+
+    def one(p, unit):
+        losses = task.losses(p, unit, rng, True)
+        real = unit["mask"]
+        return jnp.sum(losses * real) / jnp.maximum(jnp.sum(real), 1.0), losses
+
+    (_, losses), grads = jax.vmap(jax.value_and_grad(one, has_aux=True), in_axes=(None, 0))(params, units)
+    weights = (jnp.sum(units["mask"], axis=1) > 0).astype(jnp.float32)
+    total, norms = clipped_sum(grads, clip_norm, weights=weights)
+    return total, norms, losses.reshape(-1)
 
 
 # ---- the fast path -----------------------------------------------------------------------------

@@ -31,8 +31,10 @@ from fedpriv.training.prepared import Prepared
 
 def data_key(c: ExperimentConfig) -> str:
     """What decides a run's prepared data: runs with the same key share one preparation."""
+    audit = c.audit
+    empirical = [c.audit_canary_kind(), audit.empirical_canaries, audit.empirical_words] if audit.empirical else None
     return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None,
-                       c.privatize.model_dump() if c.privatize else None], sort_keys=True)
+                       c.privatize.model_dump() if c.privatize else None, empirical], sort_keys=True)
 
 
 def in_run(where: str, fn: Callable[..., Any], *args: Any) -> Any:
@@ -61,12 +63,14 @@ def check_prepared(prepared: Prepared, kind: str) -> list[str]:
             warnings.append(f"{key} = {delta:g} exceeds 1/N = {1.0 / n:.3g} for N = {n} {unit}s: a mechanism that publishes one {unit} in the clear meets it; use delta well below 1/N")
 
     if kind == "central":
-        b = cfg.training.batch_size
-        if b > records:
+        b, p = cfg.training.batch_size, cfg.privacy
+        if p is not None and p.unit == "user":
+            if b > users:
+                raise ConfigError(f"training.batch_size = {b} exceeds the {users} training users (privacy.unit = 'user': a batch counts users); use at most {users}")
+        elif b > records:
             raise ConfigError(f"training.batch_size = {b} exceeds the {records} training records; use at most {records}")
-        p = cfg.privacy
         if p is not None and p.private:
-            delta_warning("privacy.delta", p.delta, records, "example")
+            delta_warning("privacy.delta", p.delta, *((users, "user") if p.unit == "user" else (records, "example")))
         return warnings
     f = cfg.federated
     assert f is not None  # check_kind refused it before
@@ -103,6 +107,7 @@ class CheckedRun:
     config: ExperimentConfig
     warnings: list[str] = field(default_factory=list)
     skipped: str | None = None  # why the data stages did not run (e.g. it starts from an earlier run)
+    record: dict[str, Any] = field(default_factory=dict)  # an experiment's run as experiment.json holds it
 
 
 @dataclass
@@ -115,25 +120,28 @@ class CheckedFile:
     experiment: bool
 
 
-def check_file(path: str | Path, static: bool = False, log: Callable[[str], None] | None = None) -> CheckedFile:
-    """Every check training would make on the config or experiment file at ``path``, without
-    training. ``static``: the config's keys and the runs' kinds only, no data read."""
+def check_file(path: str | Path, static: bool = False, log: Callable[[str], None] | None = None, overrides: dict[str, Any] | None = None) -> CheckedFile:
+    """Every check training would make on the config or experiment file at ``path`` (with
+    ``overrides``, ``--set``), without training. ``static``: the config's keys, the runs' kinds
+    and plug-in tasks' imports only, no data read."""
     from fedpriv.runner.grid import read_experiment, run_refs, privatize_ref
     from fedpriv.runner.prepare import prepare
+    from fedpriv.tasks.registry import check_task
 
     path = Path(path)
     experiment = path.suffix != ".json" and "runs" in read_toml(path)
     if experiment:
-        exp = read_experiment(path)
+        exp = read_experiment(path, overrides)
         name, measures = exp.name, exp.measures
-        runs = [CheckedRun(s.name, s.kind, s.config) for s in exp.runs]
+        runs = [CheckedRun(s.name, s.kind, s.config, record=s.record()) for s in exp.runs]
     else:
-        cfg = load_config(path)
+        cfg = load_config(path, overrides)
         name, measures = cfg.name, []
         runs = [CheckedRun(cfg.name, "federated" if cfg.federated is not None else "central", cfg)]
     where = {r.name: f"{path}: run {r.name!r}" if experiment else str(path) for r in runs}
     for r in runs:
         check_kind(r.config, r.kind, where[r.name])
+        in_run(where[r.name], check_task, r.config)
     checked = CheckedFile(name, runs, measures, experiment)
     if static:
         return checked

@@ -50,6 +50,13 @@ Each run resolves to a full experiment config (validated like any other): a cent
 ``[federated]`` section, a federated run no ``[privacy]`` (DP-SGD) section, and a run's
 ``[privacy]`` exists only if the experiment or the run gives one. The experiment's ``name`` and
 ``seed`` are every run's, so every run holds out the same users and plants the same canaries.
+
+**Seeds.** ``seeds = [0, 1, 2]`` (instead of ``seed``) repeats every run once per seed, named
+``NAME-s<seed>`` (its *group* is ``NAME``): the replicate of seed s trains with ``seed = s`` and
+draws its canaries with ``canaries.seed = s`` unless the file fixes ``canaries.seed``; both seeds
+are recorded in the run's summary. The runs of one seed share one planted corpus, as above; a
+``"run:NAME"`` reference names the run of the same seed. The report gives means and intervals
+over the seeds and canaries of each group.
 """
 
 from __future__ import annotations
@@ -58,17 +65,25 @@ import copy
 import itertools
 import os
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, name_problem, read_toml, validate_config, validate_measure
+from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, apply_overrides, name_problem, read_toml, set_key, validate_config, validate_measure
 from fedpriv.errors import ConfigError
 
 MEASURE_KEY = "measure"
-RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "grid"}
+SEEDS_KEY = "seeds"
+#: Top-level keys of an experiment file that are not part of a run's config.
+EXPERIMENT_KEYS = ("runs", MEASURE_KEY, SEEDS_KEY, "contrasts")
+RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "grid", "tune", "tune_fraction"}
+#: The share of a run's steps (or rounds) each learning-rate trial trains for, by default.
+TUNE_FRACTION = 0.25
+#: What a tune grid may vary: training settings, never the data (trials share the run's prepared data).
+TUNABLE = ("training.", "federated.", "privacy.")
 SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit")
 
 
@@ -96,24 +111,31 @@ def _all_refs(config: ExperimentConfig) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training of the grid, resolved."""
+    """One training of the grid, resolved. ``group``: the run's name without its seed suffix
+    (the same as ``name`` without ``seeds``); ``seed``: the replicate's seed, or None."""
 
     name: str
     kind: str  # "central" | "federated"
     config: ExperimentConfig
+    group: str = ""
+    seed: int | None = None
+    tune: dict[str, list[Any]] | None = None
+    tune_fraction: float = TUNE_FRACTION
+
+    def record(self) -> dict[str, Any]:
+        """What experiment.json holds of the run."""
+        out = {"name": self.name, "kind": self.kind, "group": self.group or self.name, "seed": self.seed, "config": self.raw}
+        if self.tune:
+            out.update(tune=self.tune, tune_fraction=self.tune_fraction)
+        return out
 
     @property
     def raw(self) -> dict[str, Any]:
         return self.config.model_dump()
 
 
-def _set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
-    parts = dotted.split(".")
-    for p in parts[:-1]:
-        d = d.setdefault(p, {})
-        if not isinstance(d, dict):
-            raise ConfigError(f"grid key {dotted!r}: {p!r} is not a table")
-    d[parts[-1]] = value
+def set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
+    set_key(d, dotted, value, "grid key")
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -154,7 +176,7 @@ def _expand_run(entry: dict[str, Any], where: str) -> list[dict[str, Any]]:
         variables: dict[str, Any] = {}
         for key, value in zip(grid, values):
             if "." in key or key in RUN_KEYS:
-                _set_path(run, key, value)
+                set_path(run, key, value)
             else:
                 variables[key] = value
             fill[key.split(".")[-1]] = value
@@ -189,7 +211,8 @@ def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
     entries = raw.get("runs")
     if not isinstance(entries, list) or not entries:
         raise ConfigError(f"{origin}: an experiment needs at least one [[runs]] entry")
-    base = {k: v for k, v in raw.items() if k not in ("runs", MEASURE_KEY)}
+    base = {k: v for k, v in raw.items() if k not in EXPERIMENT_KEYS}
+    seeds = _seeds(raw, origin)
     specs: list[RunSpec] = []
     for i, entry in enumerate(entries):
         if not isinstance(entry, dict):
@@ -214,7 +237,13 @@ def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
                 merged.pop("privacy", None)
                 if "federated" not in merged:
                     raise ConfigError(f"{where}: a federated run needs a [federated] section (in the experiment or the run)")
-            specs.append(RunSpec(name, kind, validate_config(merged, where)))
+            tune, fraction = _tune(run, merged, where)
+            if seeds is None:
+                specs.append(RunSpec(name, kind, validate_config(merged, where), name, None, tune, fraction))
+                continue
+            for seed in seeds:
+                replicate = _with_seed(merged, seed)
+                specs.append(RunSpec(f"{name}-s{seed}", kind, validate_config(replicate, f"{where} (seed {seed})"), name, seed, tune, fraction))
     names = [s.name for s in specs]
     for i, s in enumerate(specs):
         for key, ref in _all_refs(s.config).items():
@@ -225,6 +254,61 @@ def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
     if dup is not None:
         raise ConfigError(f"{origin}: two runs are named {dup!r}")
     return specs
+
+
+def _tune(run: dict[str, Any], merged: dict[str, Any], where: str) -> tuple[dict[str, list[Any]] | None, float]:
+    """A run's ``tune`` grid (dotted key -> candidate values; every candidate must give a valid
+    config) and ``tune_fraction``; see :mod:`fedpriv.runner.tune`."""
+    tune = run.get("tune")
+    fraction = run.get("tune_fraction", TUNE_FRACTION)
+    if tune is None:
+        return None, fraction
+    if not isinstance(tune, dict) or not tune or any(not k.startswith(TUNABLE) or not isinstance(v, list) or not v for k, v in tune.items()):
+        raise ConfigError(f"{where}: tune must map dotted keys of {', '.join(TUNABLE)} (e.g. 'federated.server_learning_rate') to non-empty lists of values")
+    if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0 < fraction <= 1:
+        raise ConfigError(f"{where}: tune_fraction must be in (0, 1], got {fraction!r}")
+    if not float((merged.get("data") or {}).get("validation_fraction", 0.0) or 0.0) > 0:
+        raise ConfigError(f"{where}: tune chooses on validation users: set data.validation_fraction (e.g. 0.1)")
+    for values in itertools.product(*tune.values()):
+        trial = copy.deepcopy(merged)
+        for key, value in zip(tune, values):
+            set_path(trial, key, value)
+        validate_config(trial, f"{where}: tune candidate {dict(zip(tune, values))}")
+    return tune, float(fraction)
+
+
+def _seeds(raw: dict[str, Any], origin: str) -> list[int] | None:
+    """The file's ``seeds`` (distinct integers >= 0), or None without them."""
+    if SEEDS_KEY not in raw:
+        return None
+    seeds = raw[SEEDS_KEY]
+    if "seed" in raw:
+        raise ConfigError(f"{origin}: give seed or seeds, not both (seeds = [...] repeats every run once per seed)")
+    if not isinstance(seeds, list) or not seeds or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in seeds):
+        raise ConfigError(f"{origin}: seeds must be a non-empty list of integers >= 0, got {seeds!r}")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"{origin}: seeds must be distinct, got {seeds}")
+    return seeds
+
+
+def _with_seed(merged: dict[str, Any], seed: int) -> dict[str, Any]:
+    """A run's raw config for the replicate of ``seed``: training seed, canary seed (unless the
+    file fixes it) and run references to the same seed's runs."""
+    out = copy.deepcopy(merged)
+    out["seed"] = seed
+    if isinstance(out.get("canaries"), dict) and out["canaries"].get("seed") is None:
+        out["canaries"]["seed"] = seed
+    for section, key in (("task", "options"), ("privatize", None)):
+        table = out.get(section)
+        if not isinstance(table, dict):
+            continue
+        table = table.get(key) if key else table
+        if not isinstance(table, dict):
+            continue
+        for k, v in list(table.items()):
+            if isinstance(v, str) and v.startswith(RUN_REF):
+                table[k] = f"{v}-s{seed}"
+    return out
 
 
 def measure_ref(m: MeasureConfig) -> str | None:
@@ -253,6 +337,10 @@ def expand_measures(raw: dict[str, Any], specs: list[RunSpec], origin: str = "ex
         where = f"{origin}: [[measure]] {label!r}" if label else f"{origin}: measure[{i}]"
         m = validate_measure(entry, where)
         ref = measure_ref(m)
+        first_seed = next((s for s in specs if s.group == ref and s.seed is not None), None)
+        if ref is not None and ref not in names and first_seed is not None:  # with seeds: the first seed's run
+            m = m.model_copy(update={"embeddings": f"{RUN_REF}{first_seed.name}"})
+            ref = first_seed.name
         if ref is not None and ref not in names:
             raise ConfigError(f"{where}: embeddings = 'run:{ref}' names no run of this experiment (runs: {', '.join(names)})")
         update: dict[str, Any] = {}
@@ -267,13 +355,32 @@ def expand_measures(raw: dict[str, Any], specs: list[RunSpec], origin: str = "ex
     return out
 
 
+def expand_contrasts(raw: dict[str, Any], specs: list[RunSpec], origin: str = "experiment") -> list[dict[str, str]]:
+    """The file's ``[[contrasts]]``: ``{name, a, b}`` with ``a`` and ``b`` run names (groups, with
+    seeds); the report gives each difference a - b with its interval."""
+    entries = raw.get("contrasts", [])
+    if not isinstance(entries, list):
+        raise ConfigError(f"{origin}: contrasts must be an array of tables ([[contrasts]] with name, a, b)")
+    groups = list(dict.fromkeys(s.group or s.name for s in specs))
+    out = []
+    for i, c in enumerate(entries):
+        if not isinstance(c, dict) or set(c) != {"name", "a", "b"} or not all(isinstance(v, str) for v in c.values()):
+            raise ConfigError(f"{origin}: contrasts[{i}] must be a table of exactly name, a and b (strings)")
+        for side in ("a", "b"):
+            if c[side] not in groups:
+                raise ConfigError(f"{origin}: contrast {c['name']!r}: {side} = {c[side]!r} names no run (runs: {', '.join(groups)})")
+        out.append(dict(c))
+    return out
+
+
 @dataclass(frozen=True)
 class Experiment:
-    """A parsed experiment file: its name, runs and measurements."""
+    """A parsed experiment file: its name, runs, measurements and contrasts."""
 
     name: str
     runs: list[RunSpec]
     measures: list[MeasureConfig]
+    contrasts: list[dict[str, str]] = field(default_factory=list)
 
 
 def read_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Experiment:
@@ -281,14 +388,13 @@ def read_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
     :func:`load_experiment` for ``overrides``)."""
     name, raw, origin = _read_raw(path, overrides)
     specs = _expand_runs(raw, origin)
-    return Experiment(name, specs, expand_measures(raw, specs, origin))
+    return Experiment(name, specs, expand_measures(raw, specs, origin), expand_contrasts(raw, specs, origin))
 
 
 def _read_raw(path: str | os.PathLike[str], overrides: dict[str, Any] | None) -> tuple[str, dict[str, Any], str]:
     path = Path(path)
     raw = read_toml(path)
-    for key, value in (overrides or {}).items():
-        _set_path(raw, key, value)
+    apply_overrides(raw, overrides)
     if "name" not in raw:
         raise ConfigError(f"{path}: an experiment needs a name")
     return str(raw["name"]), raw, str(path)
@@ -302,6 +408,26 @@ def load_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
     return e.name, e.runs
 
 
+def select_runs(specs: list[RunSpec], only: list[str] | None, finished: Callable[[str], bool] = lambda _n: False) -> list[RunSpec]:
+    """The runs named in ``only`` (``fedpriv run --only``; a run's name, or its group: every seed
+    of it), in experiment order (all when None); a run they start from (``run:NAME``) must be
+    among them or ``finished``."""
+    if only is None:
+        return specs
+    names = list(dict.fromkeys(x for s in specs for x in (s.group or s.name, s.name)))
+    unknown = [n for n in only if n not in names]
+    if unknown or not only:
+        groups = list(dict.fromkeys(s.group or s.name for s in specs))
+        raise ConfigError(f"--only {','.join(only)}: no run named {', '.join(map(repr, unknown)) or 'given'}; the runs are {', '.join(groups)}")
+    chosen = [s for s in specs if s.name in only or (s.group or s.name) in only]
+    picked = {s.name for s in chosen}
+    for s in chosen:
+        for key, ref in _all_refs(s.config).items():
+            if ref not in picked and not finished(ref):
+                raise ConfigError(f"--only: run {s.name!r} starts from run {ref!r} ({key}), which is neither in --only nor finished; add it")
+    return chosen
+
+
 def resolve_run_refs(spec: RunSpec, store: str | os.PathLike[str]) -> RunSpec:
     """``spec`` with every ``"run:NAME"`` (task options, ``privatize.embeddings``) replaced by the
     absolute path of that run in ``store``."""
@@ -310,5 +436,5 @@ def resolve_run_refs(spec: RunSpec, store: str | os.PathLike[str]) -> RunSpec:
         return spec
     raw = spec.raw
     for key, ref in refs.items():
-        _set_path(raw, key, str((Path(store) / ref).resolve()))
-    return RunSpec(spec.name, spec.kind, validate_config(raw, f"run {spec.name!r}"))
+        set_path(raw, key, str((Path(store) / ref).resolve()))
+    return RunSpec(spec.name, spec.kind, validate_config(raw, f"run {spec.name!r}"), spec.group, spec.seed, spec.tune, spec.tune_fraction)

@@ -6,7 +6,9 @@ Store layout (default ``runs/NAME``)::
     <run>/run-config.json  the run's resolved experiment config
     <run>/config.json, metrics.jsonl, checkpoint*, params.msgpack, privacy ledger, canaries.json
     <run>/audit.json, audit.md
+    <run>/empirical.json   the empirical privacy audit ([audit] empirical)
     <run>/summary.json     written last: the run is complete
+    tune/GROUP.json, tune/GROUP/<i>/   a run's learning-rate trials (:mod:`fedpriv.runner.tune`)
     measure/<name>/        each [[measure]] of the experiment: measure.json, deniability.png
                            (:mod:`fedpriv.runner.measure`), computed once every run finished
 
@@ -33,14 +35,15 @@ from typing import Any
 from fedpriv.config import changed_keys, check_kind, normalized_config
 from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.jsonio import write_json_atomic
-from fedpriv.rundir import EXPERIMENT, RUN_CONFIG, RunDir, read_store_record
-from fedpriv.runner.audit import audit_run
+from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir, read_store_record
+from fedpriv.runner.audit import audit_run, auditable, empirical_audit
 from fedpriv.runner.checks import data_key, in_run
 from fedpriv.runner.dispatch import train_run
-from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs
+from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs, select_runs
 from fedpriv.runner.measure import check_measures, run_measures
 from fedpriv.runner.prepare import prepare
 from fedpriv.runner.summary import run_summary
+from fedpriv.runner.tune import reset_tuning, tune_run, tuned_spec
 from fedpriv.training.prepared import Prepared
 
 
@@ -94,11 +97,13 @@ def run_experiment(
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
     restart: bool = False,
+    only: list[str] | None = None,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
     (see the module docstring). ``stop_after``: stop the first run that trains once it has done
     this many more steps or rounds, with a checkpoint (a kill). ``restart``: start runs whose
-    config changed, and failed runs, afresh.
+    config changed, and failed runs, afresh. ``only``: these runs (by name) and no other; a run
+    they start from must be among them or finished already.
     Returns (store, summaries of the finished runs, whether every run finished or failed:
     :func:`failures` names the failed ones)."""
     say = log or (lambda _m: None)
@@ -107,18 +112,25 @@ def run_experiment(
     for spec in specs:
         check_kind(spec.config, spec.kind, f"{path}: run {spec.name!r}")
     store = Path(store) if store is not None else Path("runs") / name
+    chosen = select_runs(specs, only, lambda ref: RunDir(store / ref).has_summary())
     store.mkdir(parents=True, exist_ok=True)
     fresh = check_store(store, name, specs, restart)
     if restart:
         fresh += list(failures(store, [s.name for s in specs]))
     check_measures(store, measures)
+    by_name = {s.name: s for s in specs}
     for n in fresh:
         say(f"[{n}] starting afresh")
         RunDir(store / n).reset()
-    record = {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [{"name": s.name, "kind": s.kind, "config": s.raw} for s in specs]}
+        if by_name[n].tune:  # its learning rates are chosen again, for the config it now has
+            reset_tuning(store, by_name[n].group or n)
+    record = {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [s.record() for s in specs]}
     if measures:
         record["measures"] = [m.model_dump() for m in measures]
+    if experiment.contrasts:
+        record["contrasts"] = experiment.contrasts
     write_json_atomic(store / EXPERIMENT, record)
+    specs = chosen
     prepared_by_key: dict[str, Prepared] = {}
     summaries: list[dict[str, Any]] = []
     t_all = time.perf_counter()
@@ -141,11 +153,15 @@ def run_experiment(
         run.create()
         refs = run_refs(spec.config)
         spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
-        run.write_json(RUN_CONFIG, spec.raw)
         key = data_key(spec.config)
         where = f"{path}: run {spec.name!r}"
         if key not in prepared_by_key:
             prepared_by_key[key] = in_run(where, prepare, spec.config, prefixed)
+        tuned = None
+        if spec.tune:  # learning rates chosen on the validation users; recorded in STORE/tune/
+            tuned = in_run(where, tune_run, spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)
+            spec = tuned_spec(spec, tuned)
+        run.write_json(RUN_CONFIG, spec.raw)
         prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
         t0 = time.perf_counter()
         if not run.has_params():
@@ -157,9 +173,13 @@ def run_experiment(
             if not done:
                 say(f"{tag} stopped with a checkpoint; run the same command again to resume")
                 return store, summaries, False
-        if spec.config.canaries is not None and prepared.task.name in ("nwp", "mlm"):
-            in_run(where, lambda: audit_run(run.path, log=prefixed, prepared=prepared))
-        summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs)
+        if auditable(spec.config):
+            in_run(where, audit_run, run.path, None, prefixed, prepared)
+        if spec.config.audit.empirical and not run.has(EMPIRICAL):
+            in_run(where, empirical_audit, run.path, prefixed, prepared)
+        summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
+        if tuned is not None:
+            summary["tuned"] = {"winner": tuned["winner"], "metric": tuned["metric"], "record": f"{TUNE_DIR}/{tuned['group']}.json"}
         run.write_summary(summary)
         summaries.append(summary)
         trained += 1
@@ -167,5 +187,9 @@ def run_experiment(
         if left:
             per_run = (time.perf_counter() - t_all) / trained
             say(f"{tag} done; {left} run(s) left, about {per_run * left / 60:.1f} min at this pace")
+    if only is not None and not all(RunDir(store / r["name"]).has_summary() for r in record["runs"]):
+        if measures:
+            say("the [[measure]] entries wait until every run of the experiment is finished")
+        return store, summaries, True
     run_measures(store, measures, say)
     return store, summaries, True

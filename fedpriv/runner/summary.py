@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from fedpriv.config import ExperimentConfig
-from fedpriv.rundir import PRIVATIZE, TOKENIZER, VOCABULARY, RunDir
+from fedpriv.config import VALIDATION, ExperimentConfig
+from fedpriv.rundir import EMPIRICAL, PRIVATIZE, TOKENIZER, VOCABULARY, RunDir, along_audit
 from fedpriv.strategies.server import STRATEGY_LABELS
+from fedpriv.tasks.base import degenerate
 from fedpriv.tasks.nwp import unigram_perplexity
 from fedpriv.training.loop import LoopResult
 from fedpriv.training.prepared import Prepared
@@ -22,6 +23,7 @@ def run_summary(
     seconds: float | None = None,
     starts_from: dict[str, str] | None = None,
     engine: str | None = None,
+    group: str | None = None,
 ) -> dict[str, Any]:
     """What the report needs about a finished run, read back from its files: the last evaluation,
     the last epsilon with its guarantee, the audit summary; for BERT runs the vocabulary's record
@@ -32,21 +34,29 @@ def run_summary(
     rows = run.metrics()
     train = [r for r in rows if r.get("split") == "train"]
     evals = [r for r in rows if r.get("split") not in (None, "train")]
-    out: dict[str, Any] = {"name": name, "kind": kind, "users": c.data.users, "task": c.task.kind, "data_source": c.data.source}
+    out: dict[str, Any] = {"name": name, "group": group or name, "kind": kind, "users": c.data.users, "task": c.task.kind, "data_source": c.data.source, "seed": c.seed}
+    if c.canaries is not None:
+        out["canary_seed"] = c.seed if c.canaries.seed is None else c.canaries.seed
     if c.data.eval_source:
         out["eval_source"] = c.data.eval_source
     if starts_from:
         out["starts_from"] = dict(starts_from)
+    data = run.data_record()
+    if data is not None and data["notes"]:  # choices the data preparation made on its own
+        out["data_notes"] = data["notes"]
     if run.has(PRIVATIZE):  # local privatization of the training text, with its guarantee
-        out["privatize"] = run.read_json(PRIVATIZE)
+        out["privatize"] = run.record(PRIVATIZE, "privatization record")
     if run.has(VOCABULARY):  # the run learned its vocabulary: the full record (raw-data figures included)
-        out["vocabulary"] = run.read_json(VOCABULARY)
+        out["vocabulary"] = run.record(VOCABULARY, "vocabulary record")
     elif run.has(TOKENIZER):  # inherited with the tokenizer: what a released tokenizer carries
-        out["vocabulary"] = run.read_json(TOKENIZER).get("vocabulary")
+        out["vocabulary"] = run.record(TOKENIZER, "tokenizer file").get("vocabulary")
+    out["privacy_unit"] = privacy_unit(c, kind)
     if kind == "central":
         out.update(algorithm="DP-SGD" if c.privacy else "SGD", order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
         if c.privacy:
             out.update(noise_multiplier_config=c.privacy.noise_multiplier, clip_norm=c.privacy.clip_norm, sampling=c.privacy.sampling)
+            if c.privacy.unit == "user":
+                out.update(algorithm="user-level DP-SGD", examples_per_user=c.privacy.examples_per_user)
     else:
         f = c.federated
         out.update(algorithm=STRATEGY_LABELS[f.strategy], clients_per_round=f.clients_per_round, rounds=train[-1]["round"] if train else 0, engine=engine or f.engine)
@@ -56,16 +66,66 @@ def run_summary(
         out.update({k: train[-1][k] for k in ("epsilon", "delta", "guarantee")})
     if train and train[-1].get("client_epsilon") is not None:  # client-side DP-SGD (record-level)
         out.update({k: train[-1][k] for k in ("client_epsilon", "client_delta", "client_guarantee")})
-    if evals:
-        last_eval = evals[-1]
+    metric, label = run.utility()
+    out.update(utility_metric=metric, utility_label=label)
+    test = [r for r in evals if r["split"] != VALIDATION]
+    if test:
+        last_eval = test[-1]
         out["eval_split"] = last_eval["split"]
         out.update({f"eval_{k}": v for k, v in last_eval.items() if k not in ("split", "step", "round", "epoch")})
+        out["utility"] = last_eval.get(metric)
+        why = degenerate(last_eval)
+        if why:
+            out["degenerate"] = why
+    validation = [r for r in evals if r["split"] == VALIDATION]
+    if validation:
+        out.update({f"validation_{k}": v for k, v in validation[-1].items() if k not in ("split", "step", "round", "epoch")})
+    if c.utility is not None:
+        out["target"] = target_record(c.utility.metric or metric, c.utility.target, validation, kind)
     audit = run.audit_summary()
     if audit is not None:
         out["audit"] = audit
+    if run.has(EMPIRICAL):
+        out["empirical"] = run.empirical()
+    along = along_points(run, metric, validation, test)
+    if along:
+        out["along"] = along
     if seconds is not None:
         out["seconds"] = seconds
     return out
+
+
+def privacy_unit(c: ExperimentConfig, kind: str) -> str | None:
+    """What the run's DP guarantee protects: ``example``, ``user``, ``example (client-side)`` for
+    client-side DP-SGD alone, or None for a run without DP."""
+    if kind == "central":
+        return c.privacy.unit if c.privacy is not None else None
+    if c.federated.dp is not None:
+        return "user"
+    return "example (client-side)" if c.federated.client_dp is not None else None
+
+
+def along_points(run: RunDir, metric: str, validation: list[dict[str, Any]], test: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Memorization against utility along training (``audit.along``): per audited step, the
+    validation and test utility there and the audit's totals (memorized counts, exposure)."""
+    out = []
+    for step in run.snapshot_steps():
+        if not run.has(along_audit(step)):
+            continue
+        total = run.along_audit(step)["summary"]["total"]
+        at = lambda rows: next((r.get(metric) for r in rows if r["step"] == step), None)  # noqa: E731
+        out.append({"step": step, "validation_utility": at(validation), "utility": at(test), **total})
+    return out
+
+
+def target_record(metric: str, value: float, validation: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    """Whether (and where) a run reached its utility target: the first validation evaluation at or
+    past ``value``; else the best it reached."""
+    at = "step" if kind == "central" else "round"
+    hit = next((r for r in validation if r.get(metric, float("-inf")) >= value), None)
+    best = max((r.get(metric) for r in validation if r.get(metric) is not None), default=None)
+    return {"metric": metric, "value": value, "split": VALIDATION, "reached": hit is not None, "at": at,
+            "when": hit.get(at, hit["step"]) if hit else None, "reached_value": hit[metric] if hit else best}
 
 
 def train_summary(prepared: Prepared, kind: str, run_dir: str | os.PathLike[str], result: LoopResult, engine: str | None = None) -> dict[str, Any]:

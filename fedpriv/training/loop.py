@@ -14,7 +14,11 @@ cannot drift apart:
   and both at the end and when the stepper stops (e.g. one more step would exceed the epsilon
   budget);
 * a checkpoint (state, the rows' pending infos, the stepper's extras) every ``checkpoint_every``
-  steps, at the end and on a stop; ``params.msgpack`` when the run ends or stops.
+  steps, at the end and on a stop; ``params.msgpack`` when the run ends or stops;
+* a utility target (:class:`Target`): the run stops at the first evaluation whose metric on the
+  target's split is at or past the value (the stop is kept in the checkpoint, so a resumed run
+  stays stopped); with ``snapshots``, the parameters of every evaluation are kept too
+  (``params-<step>.msgpack``), for audits along training.
 
 Everything a step depends on is a function of (config, seed, step index), so a run killed after a
 checkpoint and resumed ends with exactly the parameters and ``metrics.jsonl`` of an uninterrupted
@@ -45,7 +49,7 @@ import numpy as np
 from fedpriv.config import changed_keys, normalized_config
 from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.rundir import RunDir
-from fedpriv.tasks.base import Batch, Params, Task, add_sums, pad_batch
+from fedpriv.tasks.base import Batch, Params, Task, add_sums, degenerate, pad_batch
 
 
 #: ``config.json`` keys a resumed run may change: they do not change what is trained (the engines
@@ -149,6 +153,25 @@ class Stepper:
         """Restore it when the run resumes after ``done`` steps."""
 
 
+@dataclass(frozen=True)
+class Target:
+    """Stop at the first evaluation where ``metric`` on ``split`` is >= ``value``."""
+
+    split: str
+    metric: str
+    value: float
+
+    def reached(self, evals: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The evaluation row that reaches the target, or None."""
+        for row in evals:
+            if row["split"] == self.split:
+                if self.metric not in row:
+                    raise FedprivError(f"utility target: the {self.split} evaluation has no metric {self.metric!r} (it has {', '.join(sorted(row))})")
+                if row[self.metric] >= self.value:
+                    return row
+        return None
+
+
 @dataclass
 class LoopResult:
     params: Params
@@ -199,15 +222,19 @@ def run_loop(
     eval_batch_size: int = 256,
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
+    target: Target | None = None,
+    snapshots: bool = False,
 ) -> LoopResult:
     """Run (or resume) ``stepper`` to its ``total`` in ``run`` (see the module docstring).
     ``config_meta`` goes to ``config.json``; ``eval_sets``: name -> encoded rows."""
+    if target is not None and target.split not in (eval_sets or {}):
+        raise FedprivError(f"utility target on {target.split!r}, but the run evaluates only on {', '.join(eval_sets or {}) or 'nothing'}")
     run.create()
     failed = run.failure()
     if failed is not None:
         raise FedprivError(f"{run.path}: this run failed ({failed['reason']}); {RESTART_HINT}")
     state = stepper.init_state(task.init_params(init_key(seed)))
-    start, pending = 0, []
+    start, pending, kept_stop = 0, [], None
     resumed = run.load_checkpoint(state)
     if resumed is not None:
         state, meta = resumed
@@ -216,6 +243,7 @@ def run_loop(
         check_resumable(run, config_meta)
         start = int(meta["step"])
         pending = list(meta.get("pending", []))
+        kept_stop = meta.get("stopped")
         stepper.resume(run, start)
         run.truncate_metrics(start)
     else:
@@ -226,11 +254,12 @@ def run_loop(
     sums_fn = jax.jit(task.metric_sums)
     history: list[dict[str, Any]] = []
     last_eval: dict[str, Any] = {}
+    latest: dict[str, dict[str, Any]] = {}  # split -> its last evaluation
     progress = Progress(stepper.total, start, log, stepper.title)
     if start:
         progress.note(f"resumed from the checkpoint at {stepper.unit} {start} of {stepper.total}")
     done = start
-    stopped = stepper.stop_reason(start) if start else None
+    stopped = kept_stop or (stepper.stop_reason(start) if start else None)
     t0 = time.perf_counter()
 
     def check_finite(what: str, value: Any = None) -> None:
@@ -260,7 +289,7 @@ def run_loop(
             stopped = stepper.stop_reason(done)
             halt = stop_after is not None and done >= stop_after and done < stepper.total
             end = done == stepper.total or stopped
-            if done % stepper.row_every == 0 or end:
+            if done % stepper.row_every == 0 or end or (target is not None and done % stepper.eval_every == 0):
                 place = {"step": done, **stepper.position(done)}
                 row = {**place, "split": "train", **stepper.train_row(done, pending)}
                 pending = []
@@ -275,10 +304,17 @@ def run_loop(
                         run.append_metrics(last_eval)
                         history.append(last_eval)
                         evals.append(last_eval)
+                        latest[name] = last_eval
+                    if snapshots and evals:
+                        run.write_snapshot(done, state_params(state))
+                    hit = target.reached(evals) if target is not None else None
+                    if hit is not None and not stopped:
+                        stopped = f"reached the utility target {target.metric} >= {target.value:g} on the {target.split} users at {stepper.unit} {done} ({hit[target.metric]:.4g})"
+                        end = True
                 progress.note(stepper.describe(done, row, evals, time.perf_counter() - t0, done - start))
             if done % stepper.checkpoint_every == 0 or end or halt:
                 check_finite("params")
-                run.save_checkpoint(state, {"step": done, "kind": stepper.kind, "pending": pending})
+                run.save_checkpoint(state, {"step": done, "kind": stepper.kind, "pending": pending, **({"stopped": stopped} if stopped else {})})
                 stepper.save(run, done)
             progress.advance(done, f"loss {info['loss']:.3f}" if isinstance(info.get("loss"), float) else "")
             if halt:
@@ -288,9 +324,28 @@ def run_loop(
         progress.close()
     if stopped:
         progress.note(stopped)
+    for split, row in latest.items():
+        why = degenerate(row)
+        if why:
+            progress.note(f"warning: the model {why} on the {split} users at {stepper.unit} {row['step']}: it did not learn, and its row is flagged in the report")
     if done == stepper.total or stopped:
         run.write_params(state_params(state))
     return LoopResult(state_params(state), done, last_eval, history, stopped)
+
+
+#: Metrics a progress line shows per evaluated split, when present, and their short names.
+SHOWN_METRICS = {"perplexity": "perplexity", "accuracy_no_oov_no_eos": "acc w/o oov,eos", "f1": "F1"}
+
+
+def eval_text(eval_rows: list[dict[str, Any]]) -> list[str]:
+    """Short progress-line parts for a step's evaluations: each split's shown metrics."""
+    parts = []
+    for row in eval_rows:
+        shown = [f"{short} {row[k]:.4g}" for k, short in SHOWN_METRICS.items() if k in row]
+        if not shown and "accuracy" in row:
+            shown = [f"accuracy {row['accuracy']:.4g}"]
+        parts += [f"{row['split']} {s}" for s in shown]
+    return parts
 
 
 def state_params(state: Any) -> Params:

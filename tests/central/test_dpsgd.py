@@ -336,3 +336,71 @@ def test_fast_equals_reference_on_the_char_cnn_tagger(wnut_train):
     np.testing.assert_allclose(np.asarray(n_fast), np.asarray(n_ref), rtol=1e-5)
     for a, b in zip(jax.tree.leaves(ref), jax.tree.leaves(fast)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6)
+
+
+# ---- user-level DP-SGD --------------------------------------------------------------------------------
+def _norm(tree) -> float:
+    return math.sqrt(sum(float(jnp.sum(x**2)) for x in jax.tree.leaves(tree)))
+
+
+def test_a_users_whole_contribution_is_clipped_to_C_whatever_its_examples(nwp):
+    """Sensitivity of user-level DP-SGD: one user's term of the clipped sum is the gradient of its
+    mean loss over its rows, clipped to C once: norm exactly C when clipped, for 1 or k examples."""
+    task, arrays, _ = nwp
+    params = task.init_params(jax.random.key(0))
+    k, C = 4, 0.05
+    rows = {k_: v[:8] for k_, v in arrays.items()}  # 2 users of 4 rows each
+    for real in (1, 4):  # user 0 has `real` examples; user 1 none (masked): it adds nothing
+        mask = np.zeros(8, np.float32)
+        mask[:real] = 1.0
+        batch = {k_: jnp.asarray(v) for k_, v in {**rows, "mask": mask}.items()}
+        total, norms, _ = reference_clipped_sum(task, params, batch, jax.random.key(0), C, group=k)
+        assert norms.shape == (2,) and float(norms[0]) > C
+        assert _norm(total) == pytest.approx(C, rel=1e-4)  # one clipped user, whatever its example count
+        # the unit's direction is the gradient of its mean loss over its real rows
+        one = {k_: v[:real] for k_, v in batch.items()}
+        g = jax.grad(task.mean_loss)(params, one, jax.random.key(0), True)
+        np.testing.assert_allclose(flat(total), flat(g) * C / _norm(g), rtol=1e-4, atol=1e-7)
+
+
+def test_user_batches_sample_users_with_k_of_their_examples(nwp):
+    from fedpriv.central.users import UserBatches
+
+    _, _, counts = nwp
+    owner = np.repeat(np.arange(len(counts)), counts)
+    fixed = UserBatches(counts, "fixed", 10, 20, 3, seed=4)
+    for step in range(5):
+        idx = fixed.indices(step)
+        assert idx.shape == (10, 3)
+        users = owner[idx]
+        assert (users == users[:, :1]).all() and len(set(users[:, 0])) == 10  # a row is one user's; 10 distinct users
+    again = UserBatches(counts, "fixed", 10, 20, 3, seed=4)
+    np.testing.assert_array_equal(again.indices(4), fixed.indices(4))  # replayed: a function of (seed, step)
+    poisson = UserBatches(counts, "poisson", 10, 50, 2, seed=4)
+    sizes = [len(poisson.indices(s)) for s in range(50)]
+    assert len(set(sizes)) > 3 and abs(np.mean(sizes) - 10) < 2.5  # q = 10/N per user: size varies around 10
+    with pytest.raises(PrivacyParameterError, match="users > "):
+        UserBatches(counts, "fixed", len(counts) + 1, 1, 1, seed=0)
+
+
+@pytest.mark.parametrize("sampling", ["poisson", "fixed"])
+def test_user_level_epsilon_is_dp_accountings_for_user_sampling(nwp, tmp_path, sampling):
+    import dp_accounting
+
+    from fedpriv.privacy.accounting import RDP_ORDERS
+
+    task, arrays, counts = nwp
+    users, B, T, sigma = len(counts), 8, 5, 1.3
+    cfg = tcfg(steps=T, batch_size=B, eval_every=T)
+    dp = dp_cfg(clip_norm=1.0, noise_multiplier=sigma, sampling=sampling, unit="user", examples_per_user=2)
+    stepper = DPSGDStepper(task, arrays, cfg, dp, 0, optax.sgd(cfg.learning_rate), T, user_counts=counts)
+    res = train_central(task, arrays, counts, cfg, 0, tmp_path / sampling, stepper=stepper)
+    assert PrivacyLedger.load(tmp_path / sampling / LEDGER).entries == [GaussianSteps(sampling, sigma, users, B, T, "user")]
+    relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE if sampling == "poisson" else dp_accounting.NeighboringRelation.REPLACE_ONE
+    acc = dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS), relation)
+    one = (dp_accounting.PoissonSampledDpEvent(B / users, dp_accounting.GaussianDpEvent(sigma)) if sampling == "poisson"
+           else dp_accounting.SampledWithoutReplacementDpEvent(users, B, dp_accounting.GaussianDpEvent(sigma / 2)))
+    acc.compose(dp_accounting.SelfComposedDpEvent(one, T))
+    row = [r for r in res.history if r["split"] == "train"][-1]
+    assert row["epsilon"] == pytest.approx(acc.get_epsilon(1e-5), rel=1e-12)
+    assert "user-level" in row["guarantee"] and row["basis"].startswith("user-level")

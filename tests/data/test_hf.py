@@ -129,11 +129,32 @@ def test_dataset_dict_needs_a_split(tmp_path, rows):
 
 def test_missing_column_names_it_and_the_available_ones(rows):
     ds = datasets.Dataset.from_list(rows)
-    with pytest.raises(FedprivError, match=r"'who'.*user_id.*text") as e:
+    with pytest.raises(FedprivError, match=r"'who'.*'user_id'.*'text'.*pass user_column= to name yours") as e:
         load_hf_dataset(ds, user_column="who")
     assert not isinstance(e.value, DataFormatError)
     with pytest.raises(FedprivError, match="'labels'"):
         load_hf_dataset(ds, user_column="user_id", tokens_column="tokens", tags_column="labels")
+
+
+def test_saved_dataset_opens_with_the_tables_default_user_column(tmp_path, rows, capsys):
+    """A save_to_disk folder through the SOURCE spec and the CLI, users from ``user_id`` as for the
+    tables; a folder without that column is refused naming the columns it has."""
+    from fedpriv.cli import main
+    from fedpriv.data.sources import open_corpus
+
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
+    c = open_corpus(str(tmp_path / "saved"))
+    assert c.num_users == 5 and c.num_examples == 10
+    assert main(["data", "inspect", str(tmp_path / "saved"), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["users"] == 5
+    datasets.Dataset.from_dict({"author": ["a", "b", "a"], "body": ["x y", "z", "w"]}).save_to_disk(str(tmp_path / "other"))
+    assert main(["data", "inspect", str(tmp_path / "other")]) == 2
+    err = capsys.readouterr().err
+    assert "no column(s) 'user_id', 'text'; the dataset has columns 'author', 'body' (pass user_column=, text_column= to name yours)" in err
+    named = open_corpus(str(tmp_path / "other"), user_column="author", text_column="body")
+    assert named.num_users == 2 and named.counts().tolist() == [2, 1]
+    skipped = load_hf_dataset(datasets.Dataset.from_dict({"user_id": ["a", "b"], "text": ["x", " "]}))
+    assert skipped.info["skipped_empty"] == 1 and "1 rows" in skipped.notes[0]
 
 
 def test_bad_rows_name_the_row():

@@ -44,17 +44,23 @@ def test_shakespeare_malformed_turn_names_file_and_line(tmp_path):
         list(iter_turns(p))
 
 
-def test_coffee_dump_has_116_owners_and_skips_nothing():
+def test_coffee_dump_has_116_owners_and_drops_the_community_account():
     c = load_stackexchange("tests/data/stackexchange-coffee/Posts.xml")
-    assert c.num_users == 116
+    assert c.num_users == 115 and "-1" not in c.user_ids
     assert c.info["posts"] == 592
     assert c.info["skipped_no_owner"] == 0
+    assert c.info["skipped_dropped_owner"] == 12
+    assert c.notes == ["12 posts of account -1 (the Community account) dropped (drop_owners=['-1']; pass drop_owners=[] to keep them)"]
     first = c.examples("4")[0]
     assert first.text == "how should i store whole bean coffee ?"
     assert first.timestamp == pytest.approx(1422389372.72)
-    qa = load_stackexchange("tests/data/stackexchange-coffee/Posts.xml", post_types=("1", "2"))
+    every = load_stackexchange("tests/data/stackexchange-coffee/Posts.xml", drop_owners=[])
+    assert every.num_users == 116 and "-1" in every.user_ids and not every.notes
+    qa = load_stackexchange("tests/data/stackexchange-coffee/Posts.xml", post_types=("1", "2"), drop_owners=[])
     assert qa.num_users == 115 and "-1" not in qa.user_ids  # the Community user owns only tag wikis
     assert qa.info["skipped_type"] == 40
+    with pytest.raises(SourceError, match="drop_owners='-1': expected a list"):
+        load_stackexchange("tests/data/stackexchange-coffee/Posts.xml", drop_owners="-1")
 
 
 def test_posts_without_owner_are_skipped_and_counted(tmp_path):

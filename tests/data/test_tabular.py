@@ -158,6 +158,7 @@ def test_empty_examples_skipped_and_blank_jsonl_lines_ignored(tmp_path):
     p.write_text('{"user_id": "a", "text": "  "}\n\n   \n{"user_id": "b", "text": "x"}\n', encoding="utf-8")
     c = load_table(p)
     assert list(c.user_ids) == ["b"]
+    assert c.info["skipped_empty"] == 1 and c.notes == ["1 rows of e.jsonl have an empty text and were skipped"]
 
 
 def test_empty_result_names_the_file(tmp_path):

@@ -16,6 +16,7 @@ from fedpriv.data.conll import iter_sentences
 from fedpriv.data.examples import TaggedExample, TextExample
 from fedpriv.errors import FedprivError
 from fedpriv.models.bert import PRESETS, BertConfig, BertEncoder, BertMLM, BertTokenClassifier, param_count, transfer_encoder
+from fedpriv.tasks.base import add_sums
 from fedpriv.tasks.bert_ner import IGNORE, BertNERTask
 from fedpriv.tasks.mlm import KEPT, MASKED, NOT_SELECTED, RANDOM, MLMTask, PieceVocab
 
@@ -399,8 +400,8 @@ def pretrained_mlm():
     params0 = task.init_params(jax.random.key(0))
     params = _adam_steps(task, params0, _batches(task, texts, 32), 300, 2e-3)
     evaluate = jax.jit(task.metric_sums)
-    before = task.summarize({k: float(x) for k, x in evaluate(params0, held_out).items()})
-    after = task.summarize({k: float(x) for k, x in evaluate(params, held_out).items()})
+    before = task.summarize(add_sums({}, evaluate(params0, held_out)))
+    after = task.summarize(add_sums({}, evaluate(params, held_out)))
     return tok, task, params, before, after
 
 
@@ -435,9 +436,9 @@ def test_ner_fine_tuning_from_the_pretrained_encoder():
     np.testing.assert_array_equal(params0["classifier"]["kernel"], fresh["classifier"]["kernel"])
     held_out = task.encode(sents[-200:])
     evaluate = jax.jit(task.metric_sums)
-    before = task.summarize({k: float(x) for k, x in evaluate(params0, held_out).items()})
+    before = task.summarize(add_sums({}, evaluate(params0, held_out)))
     params = _adam_steps(task, params0, _batches(task, train, 32), 300, 2e-3)
-    after = task.summarize({k: float(x) for k, x in evaluate(params, held_out).items()})
+    after = task.summarize(add_sums({}, evaluate(params, held_out)))
     assert after["loss"] < before["loss"] - 0.5, (before, after)
     assert after["accuracy"] > 0.92  # above all-O (0.916 of the held-out words)
     assert after["f1"] > 0.1, after  # ~0.2 after 300 steps; a proper run trains far longer

@@ -30,6 +30,8 @@ from fedpriv.report.tables import (
     comparison_rows,
     comparison_table_lines,
     configuration_rows,
+    contrast_rows,
+    group_rows,
     data_label,
     epsilon_curves,
     run_accountant,
@@ -90,7 +92,9 @@ federated = { strategy = "dp-fedavg", clip_norm = 0.5, dp = { noise_multiplier =
 """
 RUNS = ["sgd-iid", "sgd-noniid", "dp-sgd", "fedavg-iid", "fedavg-natural", "dp-fedavg"]
 DP_RUNS = ["dp-sgd", "dp-fedavg"]
-REPORT_FILES = ["comparison.md", "comparison.csv", "memorized_by_configuration.csv", *PLOT_FILES]
+# drawn only when the store has their data: audits along training, empirical audits (neither in MINI_TOML)
+DATA_DEPENDENT_PLOTS = {"memorization_vs_utility.png", "empirical_vs_theoretical.png"}
+REPORT_FILES = ["comparison.md", "comparison.csv", "runs.csv", "memorized_by_configuration.csv", *[p for p in PLOT_FILES if p not in DATA_DEPENDENT_PLOTS]]
 
 
 # ---- the shared store ----------------------------------------------------------------------------
@@ -154,21 +158,27 @@ def test_every_file_is_written(report):
     assert report.name == "report"
     for name in REPORT_FILES:
         assert (report / name).is_file(), name
-    for name in PLOT_FILES:
+    drawn = [p for p in PLOT_FILES if p not in DATA_DEPENDENT_PLOTS]
+    for name in DATA_DEPENDENT_PLOTS:
+        assert not (report / name).exists(), name
+    for name in drawn:
         _assert_png(report / name)
     md = (report / "comparison.md").read_text()
     assert md.startswith("# ") and "exposure" in md.lower() and "bits" in md and "assumptions" in md
     assert "## Memorized canaries by configuration" in md
-    for name, title in PLOT_FILES.items():
-        assert f"![{title}]({name})" in md
+    for name in drawn:
+        assert f"![{PLOT_FILES[name]}]({name})" in md
     assert md.index("## Plots") > md.index("## Memorized canaries by configuration")
     assert "Not finished" not in md and "differs" not in md
 
 
 @pytest.mark.slow
 def test_comparison_rows_match_summaries_and_audits(store, report):
-    rows = _csv(report / "comparison.csv")
+    rows = _csv(report / "runs.csv")
     assert [r["run"] for r in rows] == RUNS  # experiment.json order
+    groups = {r["run"]: r for r in _csv(report / "comparison.csv")}
+    # grouped by privacy unit: not private first, then example-level, then user-level
+    assert list(groups) == ["sgd-iid", "sgd-noniid", "fedavg-iid", "fedavg-natural", "dp-sgd", "dp-fedavg"]
     md = (report / "comparison.md").read_text()
     for row in rows:
         s, canaries = _summary(store, row["run"]), _audit_rows(store, row["run"])
@@ -176,15 +186,19 @@ def test_comparison_rows_match_summaries_and_audits(store, report):
         assert (int(row["rs_memorized"]), int(row["bs_memorized"]), int(row["canaries"])) == (rs, bs, len(canaries))
         assert float(row["exposure_max_bits"]) == pytest.approx(max(c["exposure"] for c in canaries))
         assert float(row["test_accuracy"]) == s["eval_accuracy"] and float(row["test_perplexity"]) == s["eval_perplexity"]
+        assert float(row["test_utility"]) == s["eval_accuracy_no_oov_no_eos"] and row["utility_metric"] == "accuracy_no_oov_no_eos"
         assert row["training"] == s["kind"] and row["algorithm"] == s["algorithm"]
+        g = groups[row["run"]]  # one seed: the group's mean is the run's value, its interval covers the canaries
+        assert float(g["rs_memorized"]) == pytest.approx(rs) and float(g["rs_memorized_low"]) <= rs <= float(g["rs_memorized_high"])
         line = next(line for line in md.splitlines() if line.startswith(f"| {row['run']} |"))
-        assert f"| {rs}/{len(canaries)} | {bs}/{len(canaries)} |" in line
+        assert f"| {rs:.3g}/{len(canaries)} [" in line and f"| {100 * s['eval_accuracy_no_oov_no_eos']:.2f} |" in line
         if row["run"] in DP_RUNS:
-            assert float(row["epsilon"]) == s["epsilon"] and float(row["delta"]) == s["delta"]
-            assert row["assumptions"] == s["guarantee"] and f"{s['epsilon']:.3g} (δ = {s['delta']:.3g})" in line
+            unit = "user" if row["run"] == "dp-fedavg" else "example"
+            assert float(row["epsilon"]) == s["epsilon"] and float(row["delta"]) == s["delta"] and row["privacy_unit"] == unit
+            assert row["assumptions"] == s["guarantee"] and f"{s['epsilon']:.3g} per {unit} (δ = {s['delta']:.3g})" in line
         else:
-            assert row["epsilon"] == "" and row["assumptions"] == NOT_PRIVATE
-            assert line.endswith(f"| ∞ | {NOT_PRIVATE} |")
+            assert row["epsilon"] == "" and row["assumptions"] == NOT_PRIVATE and row["privacy_unit"] == ""
+            assert "| not private | ∞ |" in line and line.endswith(f"| {NOT_PRIVATE} |")
     by_run = {r["run"]: r for r in rows}
     assert (by_run["sgd-iid"]["data"], by_run["sgd-noniid"]["data"]) == ("IID", "non-IID")
     assert (by_run["fedavg-iid"]["data"], by_run["fedavg-natural"]["data"]) == ("IID", "non-IID")
@@ -229,7 +243,7 @@ def test_an_unfinished_run_is_listed_as_not_finished(store, tmp_path):
     copy = _copy(store, tmp_path / "store")
     (copy / "dp-fedavg" / "summary.json").unlink()
     out = write_report(copy)
-    assert [r["run"] for r in _csv(out / "comparison.csv")] == [r for r in RUNS if r != "dp-fedavg"]
+    assert [r["run"] for r in _csv(out / "runs.csv")] == [r for r in RUNS if r != "dp-fedavg"]
     md = (out / "comparison.md").read_text()
     assert "Not finished (no summary.json): dp-fedavg." in md
     assert not any(line.startswith("| dp-fedavg |") for line in md.splitlines())
@@ -291,16 +305,15 @@ def test_client_side_dp_shows_its_record_level_epsilon():
     assert (both["epsilon"], both["delta"]) == (8.0, 1e-3) and both["assumptions"].startswith("user-level") and "record-level" in both["assumptions"]
 
 
-def test_ner_runs_get_an_entity_f1_column():
-    runs = [{"name": "ner", "kind": "central"}, {"name": "nwp", "kind": "central"}]
-    summaries = {"ner": _synthetic_summary("ner", "central", algorithm="SGD", batch_size=32, eval_f1=0.4123), "nwp": _synthetic_summary("nwp", "central", algorithm="SGD", batch_size=32)}
-    rows = comparison_rows(runs, summaries)
-    assert [r["test_f1"] for r in rows] == [0.4123, None]
-    header, _, ner, nwp = comparison_table_lines(rows)
+def test_the_headline_utility_column_is_the_tasks():
+    runs = [{"name": "ner", "kind": "central"}]
+    summaries = {"ner": _synthetic_summary("ner", "central", algorithm="SGD", batch_size=32, eval_f1=0.4123, utility=0.4123, utility_metric="f1", utility_label="entity F1")}
+    rows = group_rows(comparison_rows(runs, summaries), {})
+    header, _, ner = comparison_table_lines(rows)
     cells = [c.strip() for c in header.strip("|").split("|")]
     col = cells.index("test entity F1 (%)")
-    assert [c.strip() for c in ner.strip("|").split("|")][col] == "41.23" and [c.strip() for c in nwp.strip("|").split("|")][col] == "—"
-    assert "test entity F1 (%)" not in comparison_table_lines(rows[1:])[0]
+    assert [c.strip() for c in ner.strip("|").split("|")][col] == "41.23"  # one seed: no interval on utility
+    assert cells.index("test entity F1 (%)") < cells.index("test accuracy (%)")
 
 
 def test_configuration_rows_group_canaries_per_run():
@@ -355,10 +368,105 @@ def test_plots_are_valid_images_and_deterministic(tmp_path):
         assert a.read_bytes() == b.read_bytes(), a.name
 
 
-def test_utility_is_entity_f1_when_runs_have_it():
+def test_the_utility_plot_uses_the_headline_utility():
     from fedpriv.report.tables import utility_points
 
-    nwp = [{"run": "a", "epsilon": None, "test_accuracy": 0.2, "test_f1": None}]
-    assert utility_points(nwp) == [{"run": "a", "epsilon": None, "accuracy": 0.2, "metric": "held-out accuracy"}]
-    ner = [{"run": "b", "epsilon": 3.0, "test_accuracy": 0.92, "test_f1": 0.14}, {"run": "c", "epsilon": None, "test_accuracy": 0.9, "test_f1": None}]
-    assert utility_points(ner) == [{"run": "b", "epsilon": 3.0, "accuracy": 0.14, "metric": "entity F1"}]  # token accuracy is mostly the O tag
+    ner = [{"run": "b", "epsilon": 3.0, "test_accuracy": 0.92, "test_utility": 0.14, "utility_label": "entity F1"}, {"run": "c", "epsilon": None, "test_utility": None}]
+    assert utility_points(ner) == [{"run": "b", "epsilon": 3.0, "accuracy": 0.14, "metric": "test entity F1"}]  # token accuracy is mostly the O tag
+
+
+# ---- seeds, intervals, flags, contrasts (synthetic) -----------------------------------------------------------
+def _canaries(rs: list[int], exposure: list[float]) -> list[dict]:
+    return [{"p_u": 1e-4, "p_e": 1.0, "rs_memorized": bool(r), "bs_memorized": False, "exposure": e, "insertions": 3} for r, e in zip(rs, exposure)]
+
+
+def _seeded_store():
+    runs, summaries, canaries = [], {}, {}
+    for group, kind, rs, util in (("sgd", "central", [1, 1, 0, 1], (0.20, 0.21)), ("fedavg", "federated", [0, 0, 1, 0], (0.19, 0.20))):
+        for seed, u in zip((0, 1), util):
+            name = f"{group}-s{seed}"
+            runs.append({"name": name, "kind": kind, "group": group, "seed": seed})
+            summaries[name] = _synthetic_summary(name, kind, group=group, seed=seed, algorithm="SGD" if kind == "central" else "FedAvg", batch_size=32,
+                                                 clients_per_round=10, utility=u, utility_metric="accuracy_no_oov_no_eos", utility_label="accuracy w/o OOV, EOS")
+            canaries[name] = _canaries(rs, [10.0 * r + seed for r in rs])
+            summaries[name]["audit"] = {"total": {"canaries": 4, "rs_memorized": sum(rs), "bs_memorized": 0}, "by_configuration": {}}
+    return runs, summaries, canaries
+
+
+def test_seeds_of_a_run_are_one_row_with_intervals():
+    runs, summaries, canaries = _seeded_store()
+    rows = group_rows(comparison_rows(runs, summaries), canaries)
+    assert [r["run"] for r in rows] == ["sgd", "fedavg"] and [r["seeds"] for r in rows] == [2, 2]
+    sgd = rows[0]
+    assert sgd["rs_memorized"].mean == pytest.approx(3.0) and sgd["rs_memorized"].low <= 3.0 <= sgd["rs_memorized"].high
+    assert sgd["test_utility"].mean == pytest.approx(0.205) and sgd["test_utility"].low == pytest.approx(0.20) and sgd["test_utility"].high == pytest.approx(0.21)
+    assert sgd["exposure_mean"].mean == pytest.approx((7.5 + 8.5) / 2)
+    line = comparison_table_lines(rows)[2]
+    assert "| 3/4 [" in line and "| 20.50 [20.00–21.00] |" in line
+
+
+def test_contrasts_are_paired_by_seed():
+    runs, summaries, canaries = _seeded_store()
+    notes: list[str] = []
+    rows = contrast_rows([{"name": "central vs federated", "a": "sgd", "b": "fedavg"}, {"name": "x", "a": "sgd", "b": "nope"}], comparison_rows(runs, summaries), canaries, notes)
+    by = {r["quantity"]: r for r in rows}
+    assert by["RS memorized (canaries)"]["difference"] == pytest.approx(2.0)
+    assert by["accuracy w/o OOV, EOS (points)"]["difference"] == pytest.approx(1.0)  # 20.5% - 19.5%
+    assert all(r["seeds"] == 2 for r in rows) and notes == ["contrast 'x': nope has no finished run"]
+
+
+def test_rows_that_did_not_learn_or_missed_the_target_are_flagged():
+    runs = [{"name": n, "kind": "federated"} for n in ("stuck", "short", "ok")]
+    target = {"metric": "accuracy_no_oov_no_eos", "value": 0.18, "split": "validation", "at": "round"}
+    summaries = {
+        "stuck": _synthetic_summary("stuck", "federated", degenerate="predicts <oov>/<eos> at 100% of positions", target={**target, "reached": False, "when": None, "reached_value": 0.0}),
+        "short": _synthetic_summary("short", "federated", target={**target, "reached": False, "when": None, "reached_value": 0.15}),
+        "ok": _synthetic_summary("ok", "federated", target={**target, "reached": True, "when": 40, "reached_value": 0.181}),
+    }
+    rows = {r["run"]: r for r in group_rows(comparison_rows(runs, summaries), {})}
+    assert rows["stuck"]["flag"].startswith("did not learn: predicts <oov>/<eos>") and "not comparable" in rows["stuck"]["flag"]
+    assert rows["short"]["flag"] == "missed the utility target (best 0.15 < 0.18): not comparable"
+    assert rows["ok"]["flag"] == "" and rows["ok"]["target"] == "reached, at round 40"
+
+
+SCALED = [  # two configurations whose p_u the scaling rule multiplied by 72.4, one it did not
+    {"p_u": 2e-5, "p_u_effective": 2e-5 * 72.4, "p_e": 0.01, "rs_memorized": True, "bs_memorized": False, "exposure": 3.0, "insertions": 2},
+    {"p_u": 1e-4, "p_u_effective": 1e-4 * 72.4, "p_e": 1.0, "rs_memorized": False, "bs_memorized": False, "exposure": 1.0, "insertions": 9},
+    {"p_u": 0.5, "p_u_effective": 0.5, "p_e": 1.0, "rs_memorized": False, "bs_memorized": False, "exposure": 1.0, "insertions": 9},
+]
+SCALED_LABELS = ["p_u=0.00145 (2e-05 x72.4) p_e=0.01", "p_u=0.00724 (0.0001 x72.4) p_e=1", "p_u=0.5 p_e=1"]
+
+
+def test_configuration_labels_show_the_scaled_p_u():
+    """The log says "p_u scaled x72.4": the audit's and the report's labels say so too."""
+    from fedpriv.memorization.audit import summarize
+
+    assert list(summarize(SCALED, "nwp")["by_configuration"]) == SCALED_LABELS
+    rows = configuration_rows(["run"], {"run": SCALED})
+    assert sorted(r["configuration"] for r in rows) == sorted(SCALED_LABELS)
+
+
+def test_audit_table_never_cuts_a_configuration_label(capsys):
+    from fedpriv.cli import _print_audit
+    from fedpriv.memorization.audit import summarize
+
+    rows = [{**r, "id": f"c{i}", "sharers": 1, "rs_rank": 1, "exposure_extrapolated": 2.0} for i, r in enumerate(SCALED)]
+    _print_audit({"task": "nwp", "parameters": "final parameters", "canaries": rows, "summary": summarize(rows, "nwp")})
+    out = capsys.readouterr().out
+    for label in SCALED_LABELS:
+        assert label in out
+    assert "…" not in out
+
+
+def test_memorized_bars_legend_covers_no_bar_and_labels_fit():
+    fig = plots.memorized_by_configuration_figure(SCALED_LABELS, ["sgd-iid", "dp-sgd-iid-long-name", "fedavg-natural", "dp-fedavg-natural"], [[6, 6, 6]] * 4)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent(renderer)
+    bars = [p.get_window_extent(renderer) for p in ax.patches]
+    assert len(bars) == 12 and not any(legend.overlaps(b) for b in bars)
+    page = fig.bbox
+    for artist in [ax.get_legend(), *ax.get_xticklabels()]:
+        box = artist.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0, artist

@@ -10,7 +10,7 @@ import pytest
 
 from fedpriv.cli import main
 from fedpriv.errors import ConfigError, FedprivError
-from fedpriv.runner.grid import expand_experiment, load_experiment
+from fedpriv.runner.grid import expand_experiment, load_experiment, select_runs
 from fedpriv.runner.store import run_experiment
 
 BASE = {
@@ -89,9 +89,10 @@ def test_a_federated_run_needs_a_federated_section():
 
 def test_shipped_experiments_expand():
     name, specs = load_experiment("experiments/demo.toml")
-    assert name == "demo" and len(specs) == 7
+    assert name == "demo" and len(specs) == 16 and {s.seed for s in specs} == {0, 1} and len({s.group for s in specs}) == 8
+    assert all(s.config.utility is not None and s.config.data.validation_fraction > 0 for s in specs)
     assert {s.config.federated.strategy for s in specs if s.kind == "federated"} == {"fedavg", "fedavg-clip", "dp-fedavg"}
-    assert {(s.config.training.order, s.config.privacy is not None) for s in specs if s.kind == "central"} == {("iid", False), ("noniid", False), ("iid", True)}
+    assert {(s.config.training.order, s.config.privacy.unit if s.config.privacy else None) for s in specs if s.kind == "central"} == {("iid", None), ("noniid", None), ("iid", "example"), ("iid", "user")}
     assert {s.config.data.users for s in specs if s.kind == "federated"} == {"iid", "natural"}
     _, full = load_experiment("experiments/thakkar-table1.toml")
     assert len(full) == 18 and sum(c.config.canaries.per_config * 9 == 90 for c in full) == 18
@@ -100,7 +101,7 @@ def test_shipped_experiments_expand():
     _, small = load_experiment("experiments/thakkar-table1-small.toml")
     assert [s.name for s in small] == [s.name.replace("500", "5").replace("1000", "10").replace("2000", "20").replace("5000", "50") for s in full]
     _, se = load_experiment("experiments/stackexchange.toml", {"data.source": "tests/data/stackexchange-coffee/Posts.xml"})
-    assert se[0].config.data.source.endswith("Posts.xml") and [s.name for s in se] == [s.name for s in specs]
+    assert se[0].config.data.source.endswith("Posts.xml") and [s.group for s in se] == [s.group for s in specs]
 
 
 MINI = """
@@ -348,3 +349,26 @@ def test_a_ner_grid_over_n_clients_reports_entity_f1(tmp_path):
     assert "test entity F1 (%)" in md and "| dp-fedavg |" in md
     client_row = next(line for line in md.splitlines() if line.startswith("| fedavg-client-dp |"))
     assert "record-level" in client_row and "not private" not in client_row
+
+
+def test_only_selects_runs_in_experiment_order_with_what_they_start_from():
+    raw = {
+        "name": "chain",
+        "data": {"source": "tests/data/ncbi-disease/train.tsv"},
+        "task": {"kind": "mlm", "model": "tiny"},
+        "training": {"steps": 1},
+        "runs": [
+            {"name": "pre", "kind": "central"},
+            {"name": "ft", "kind": "central", "task": {"kind": "bert-ner", "options": {"pretrained": "run:pre"}}},
+            {"name": "other", "kind": "central"},
+        ],
+    }
+    specs = expand_experiment(raw)
+    assert select_runs(specs, None) == specs
+    assert [s.name for s in select_runs(specs, ["other", "pre"])] == ["pre", "other"]
+    assert [s.name for s in select_runs(specs, ["ft", "pre"])] == ["pre", "ft"]
+    with pytest.raises(ConfigError, match=r"--only: run 'ft' starts from run 'pre' \(task.options.pretrained\), which is neither in --only nor finished"):
+        select_runs(specs, ["ft"])
+    assert [s.name for s in select_runs(specs, ["ft"], finished=lambda name: name == "pre")] == ["ft"]
+    with pytest.raises(ConfigError, match="no run named 'fine'; the runs are pre, ft, other"):
+        select_runs(specs, ["fine"])

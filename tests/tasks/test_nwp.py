@@ -9,7 +9,7 @@ from fedpriv.data.examples import TextExample
 from fedpriv.data.shakespeare import load_shakespeare
 from fedpriv.models.layers import LSTM, reverse_padded
 from fedpriv.models.nwp import PRESETS
-from fedpriv.tasks.base import pad_batch
+from fedpriv.tasks.base import add_sums, pad_batch
 from fedpriv.tasks.nwp import NWPTask, unigram_perplexity
 from fedpriv.vocab.word import WordVocab
 
@@ -54,8 +54,8 @@ def test_padding_rows_do_not_change_metrics(task):
     params = task.init_params(jax.random.key(1))
     batch = task.encode([TextExample("to be or not"), TextExample("the king")])
     padded = pad_batch(batch, 7)
-    a = task.summarize({k: float(v) for k, v in task.metric_sums(params, batch).items()})
-    b = task.summarize({k: float(v) for k, v in task.metric_sums(params, padded).items()})
+    a = task.summarize(add_sums({}, task.metric_sums(params, batch)))
+    b = task.summarize(add_sums({}, task.metric_sums(params, padded)))
     assert a == pytest.approx(b)
     assert a["tokens"] == 4 + 1 + 2 + 1  # words + eos per example
     assert float(task.mean_loss(params, batch, jax.random.key(0))) == pytest.approx(float(task.mean_loss(params, padded, jax.random.key(0))), rel=1e-6)
@@ -71,7 +71,7 @@ def test_accuracy_variants_exclude_oov_and_eos(task):
             return jax.nn.one_hot(ids_[:, 1:], len(v)) * 10.0
 
     o = Oracle(v, 4, "tiny")
-    s = {k: float(x) for k, x in o.metric_sums(None, batch).items()}
+    s = add_sums({}, o.metric_sums(None, batch))
     assert (s["tokens"], s["tokens_no_oov"], s["tokens_no_oov_eos"]) == (3, 2, 1)
     assert o.summarize(s)["accuracy"] == 1.0
 

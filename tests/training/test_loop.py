@@ -146,3 +146,35 @@ def test_resuming_with_another_config_is_refused_naming_the_keys(tmp_path):
         run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, changed, EVAL, 8)
     audit_only = {"experiment": {**meta["experiment"], "audit": {"rs_candidates": 50}}, "engine": "flower"}
     assert run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, audit_only, EVAL, 8).done == 10  # nothing trained differs
+
+
+def test_a_utility_target_stops_at_the_first_evaluation_that_reaches_it(tmp_path):
+    from fedpriv.training.loop import Target
+
+    target = Target("heldout", "w", 10.0)  # w after k steps is k(k+1)/2: 3 after 2, 10 after 4
+    res = run_loop(AddStepper(12, 5, 2, 5), CountTask(), RunDir(tmp_path), 0, {}, EVAL, 8, target=target, snapshots=True)
+    assert res.done == 4 and "reached the utility target w >= 10 on the heldout users at step 4" in res.stopped
+    assert RunDir(tmp_path).snapshot_steps() == [2, 4] and float(res.params["w"]) == 10.0
+    rows = RunDir(tmp_path).metrics()
+    assert [(r["step"], r["split"]) for r in rows] == [(2, "train"), (2, "heldout"), (4, "train"), (4, "heldout")]
+    assert RunDir(tmp_path).checkpoint_meta()["stopped"] == res.stopped
+    again = run_loop(AddStepper(12, 5, 2, 5), CountTask(), RunDir(tmp_path), 0, {}, EVAL, 8, target=target)
+    assert again.done == 4 and again.stopped == res.stopped  # a resumed run stays stopped at the target
+
+
+def test_a_killed_run_resumes_to_the_same_target_stop(tmp_path):
+    from fedpriv.training.loop import Target
+
+    target = Target("heldout", "w", 20.0)  # reached after 6 steps (21)
+    full = run_loop(AddStepper(12, 5, 2, 5), CountTask(), RunDir(tmp_path / "a"), 0, {}, EVAL, 8, target=target)
+    run_loop(AddStepper(12, 5, 2, 5), CountTask(), RunDir(tmp_path / "b"), 0, {}, EVAL, 8, target=target, stop_after=3)
+    rest = run_loop(AddStepper(12, 5, 2, 5), CountTask(), RunDir(tmp_path / "b"), 0, {}, EVAL, 8, target=target)
+    assert full.done == rest.done == 6 and full.stopped == rest.stopped
+    assert (tmp_path / "a" / "metrics.jsonl").read_text() == (tmp_path / "b" / "metrics.jsonl").read_text()
+
+
+def test_a_target_on_a_split_the_run_does_not_evaluate_is_refused(tmp_path):
+    from fedpriv.training.loop import Target
+
+    with pytest.raises(FedprivError, match="utility target on 'validation'"):
+        run_loop(AddStepper(3, 1, 1, 1), CountTask(), RunDir(tmp_path), 0, {}, EVAL, 8, target=Target("validation", "w", 1.0))

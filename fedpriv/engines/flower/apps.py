@@ -40,6 +40,7 @@ from fedpriv.engines.cohort import CohortUpdate
 from fedpriv.engines.flower.strategy import ARRAYS, CONFIG, METRICS, FedprivStrategy, FlowerEngine, params_to_record, record_to_params
 from fedpriv.engines.setup import FederatedSetup, train_federated
 from fedpriv.errors import ConfigError, FedprivError
+from fedpriv.logs import setup as setup_logs
 from fedpriv.training.loop import LoopResult
 from fedpriv.training.prepared import Prepared
 
@@ -101,6 +102,7 @@ class ClientRuntime:
     """Everything a ClientApp process needs, built once per process and experiment."""
 
     def __init__(self, config: ExperimentConfig, prepare: PrepareFn):
+        setup_logs()  # this process's third-party messages, quiet unless FEDPRIV_VERBOSE=1
         prepared = prepare(config, None)
         self.setup = FederatedSetup(prepared)
         self.template = self.setup.initial_params()
@@ -191,6 +193,7 @@ def make_server_app(
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
+        setup_logs()
         say = log or _echo
         if prepared is not None:
             exp, out = prepared, os.path.abspath(run_dir or os.path.join("runs", f"{prepared.config.name}-flower"))

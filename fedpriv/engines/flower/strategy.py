@@ -115,6 +115,7 @@ class FedprivStrategy(Strategy):
         self.last_info: dict[str, Any] = {}
         self._sent = 0
         self._cohort: set[int] = set()
+        self._canaries = np.zeros(0, np.int64)
 
     # ---- Strategy API ------------------------------------------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
@@ -122,6 +123,9 @@ class FedprivStrategy(Strategy):
         if not nodes:
             raise FedprivError("no SuperNode is connected")
         cohort = self.core.sampler.sample(server_round)
+        self._canaries = np.zeros(0, np.int64)
+        if self.setup.canary_clients is not None:  # audit canaries are simulated here, not sent
+            cohort, self._canaries = self.setup.canary_clients.split(cohort)
         k = self.setup.fcfg.flower.users_per_message
         summed = {"sum": self.setup.fcfg.flower.sum_on_client, "clip": self.core.current_clip(self.state)}
         messages = []
@@ -153,6 +157,8 @@ class FedprivStrategy(Strategy):
         good.sort(key=lambda m: int(m.content[METRICS]["users"][0]))
         acc = self.core.accumulator(self.state)
         template = self.state["params"]
+        if self.setup.canary_clients is not None:
+            self.setup.canary_clients.add(acc, template, self._canaries)
         loss_sum, steps, examples = 0.0, 0, 0
         for m in good:  # in user order; each reply's deltas arrive stacked (users, ...), or summed
             metrics = m.content[METRICS]
