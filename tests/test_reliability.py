@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 from fedpriv.cli import main
 from fedpriv.errors import DataFormatError
 from fedpriv.privacy.ledger import PrivacyLedger
-from fedpriv.rundir import CHECKPOINT, FAILED, LEDGER, METRICS, SUMMARY, RunDir
+from fedpriv.rundir import CHECKPOINT, CONFIG, DATA as DATA_RECORD, EMPIRICAL, FAILED, LEDGER, METRICS, SUMMARY, RunDir, along_audit
 
 CORPUS = Path(__file__).parent / "reliability" / "corpus"
 CONFIGS = tomllib.loads((CORPUS / "configs.toml").read_text())
@@ -251,28 +251,42 @@ def test_fuzzed_run_store_files_are_reported_or_refused_in_one_line(data, tmp_pa
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_fuzzed_run_directory_files_are_read_or_refused(data):
-    """Checkpoint records, metrics rows, failure records and privacy ledgers holding random JSON:
+    """Checkpoint records, metrics rows, failure records, privacy ledgers, summaries, run configs,
+    data records, empirical audits, audits along training and tuning records holding random JSON:
     read, or refused with a DataFormatError naming the file; never another exception."""
     import tempfile
+    from types import SimpleNamespace
+
+    from fedpriv.runner.tune import read_tuning
 
     with tempfile.TemporaryDirectory() as d:
         run = RunDir(d)
-        which = data.draw(st.sampled_from(["checkpoint", "metrics", "failure", "ledger", "summary"]), label="file")
+        which = data.draw(st.sampled_from(["checkpoint", "metrics", "failure", "ledger", "summary", "config", "data", "empirical", "along", "tuning"]), label="file")
+        audit = json.loads((STORE / "dp-sgd" / "audit.json").read_text())
         template = {
             "checkpoint": {"step": 4, "kind": "central", "pending": [], "state_file": "checkpoint-4.msgpack"},
             "failure": {"reason": "x", "step": 1, "checkpoint_step": None},
             "ledger": json.loads((STORE / "dp-sgd" / "privacy_ledger.json").read_text()),
             "summary": json.loads((STORE / "dp-sgd" / "summary.json").read_text()),
             "metrics": {"step": 1, "split": "train", "loss": 1.0},
+            "config": {"experiment": {"name": "x"}, "utility": ["accuracy_no_oov", "accuracy"]},
+            "data": {"notes": ["a note"], "length_limit": "vocab.seq_len = 8 words", "cut": {"training": {"examples": 3, "cut": 1}}, "source": {}},
+            "empirical": {"kind": "example", "unit": "example", "canaries": 10, "epsilon_lower_bound": 0.5, "delta": 1e-5, "members": 5, "accountant_epsilon": None},
+            "along": {**audit, "step": 4},
+            "tuning": {"group": "r", "keys": ["training.learning_rate"], "candidates": [{"values": {"training.learning_rate": 0.1}, "validation_utility": 0.2}],
+                       "winner": {"training.learning_rate": 0.1}},
         }[which]
         where = data.draw(st.sampled_from(_json_paths(template)), label="path")
         value = data.draw(JSON_VALUES, label="value")
         doc = value if not where else _set(template, where, value)
-        file = {"checkpoint": CHECKPOINT, "metrics": METRICS, "failure": FAILED, "ledger": LEDGER, "summary": SUMMARY}[which]
+        file = {"checkpoint": CHECKPOINT, "metrics": METRICS, "failure": FAILED, "ledger": LEDGER, "summary": SUMMARY, "config": CONFIG, "data": DATA_RECORD,
+                "empirical": EMPIRICAL, "along": along_audit(4), "tuning": "tuning.json"}[which]
         Path(d, file).write_text(json.dumps(doc))
         read = {
             "checkpoint": run.checkpoint_meta, "metrics": run.metrics, "failure": run.failure,
-            "ledger": lambda: PrivacyLedger.load(run.file(LEDGER)), "summary": run.summary,
+            "ledger": lambda: PrivacyLedger.load(run.file(LEDGER)), "summary": run.summary, "config": run.utility, "data": run.data_record,
+            "empirical": run.empirical, "along": lambda: run.along_audit(4),
+            "tuning": lambda: read_tuning(run.file("tuning.json"), SimpleNamespace(name="r", tune={"training.learning_rate": [0.1, 0.3]})),
         }[which]
         try:
             read()
