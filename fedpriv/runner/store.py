@@ -115,8 +115,11 @@ def run_experiment(
     chosen = select_runs(specs, only, lambda ref: RunDir(store / ref).has_summary())
     store.mkdir(parents=True, exist_ok=True)
     fresh = check_store(store, name, specs, restart)
+    left_out = [n for n in fresh if n not in {s.name for s in chosen}]
+    if left_out:  # its record would be replaced while its files stay those of the old config
+        raise ConfigChanged(f"{store / left_out[0]}: the run's config changed too; add it to --only (or leave --only out) to start it afresh")
     if restart:
-        fresh += list(failures(store, [s.name for s in specs]))
+        fresh += list(failures(store, [s.name for s in chosen]))
     check_measures(store, measures)
     by_name = {s.name: s for s in specs}
     for n in fresh:

@@ -70,3 +70,23 @@ def test_a_diverged_run_is_marked_failed_left_out_and_restarted_on_request(tmp_p
     assert [r["name"] for r in out["runs"]] == ["ok", "boom"] and not (store / "boom" / "failed.json").exists()
     assert (store / "ok" / "params.msgpack").read_bytes() == ok_params  # the unchanged finished run is kept
     assert "| boom |" in (store / "report" / "comparison.md").read_text()
+
+
+def test_restarting_only_some_runs_refuses_when_another_changed_too(tmp_path):
+    """--only with --restart: a changed run left out would get the new config's record while its
+    files stay those of the old one; refused before any work."""
+    from fedpriv.errors import ConfigChanged
+    from fedpriv.jsonio import write_json_atomic
+    from fedpriv.runner.grid import read_experiment
+    from fedpriv.runner.store import run_experiment
+
+    exp, store = tmp_path / "exp.toml", tmp_path / "store"
+    exp.write_text(EXPERIMENT.replace("BOOM_LR", "0.5"))
+    old = read_experiment(exp)
+    write_json_atomic(store.mkdir() or store / "experiment.json", {"name": old.name, "runs": [s.record() for s in old.runs]})
+    for s in old.runs:
+        (store / s.name).mkdir()
+    exp.write_text(EXPERIMENT.replace("BOOM_LR", "0.5").replace("steps = 4", "steps = 6"))  # both runs change
+    with pytest.raises(ConfigChanged, match=r"store/boom: the run's config changed too; add it to --only"):
+        run_experiment(exp, store, restart=True, only=["ok"])
+    assert sorted(p.name for p in store.iterdir()) == ["boom", "experiment.json", "ok"] and not any((store / "ok").iterdir())
