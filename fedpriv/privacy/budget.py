@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from fedpriv.errors import FedprivError, PrivacyParameterError
@@ -106,13 +107,16 @@ class DPBudget:
             self.ledger.save(path)
 
     def resume(self, path: str | os.PathLike[str], done: int) -> None:
-        """Restore the ledger of a run resumed after ``done`` steps; refuse one that does not
-        hold exactly ``done`` steps of this mechanism."""
+        """Restore the ledger of a run resumed after ``done`` steps; refuse one recorded with other
+        DP parameters. A ledger of this mechanism that holds another step count (a kill between
+        the checkpoint's write and the ledger's, or no ledger yet) is rebuilt as ``done`` steps of
+        it: the resumed run replays the steps after the checkpoint exactly, so those are the steps
+        released, and an uninterrupted run's ledger is the same."""
         if self.event is None:
             return
-        ledger = PrivacyLedger.load(path)
-        if ledger.steps != done:
-            raise FedprivError(f"{path}: the privacy ledger holds {ledger.steps} {self.step_word}s but the checkpoint is at {self.step_word} {done}; use a new run directory")
-        if ledger.entries and not ledger.entries[-1].same_mechanism(self.event):
+        ledger = PrivacyLedger.load(path) if Path(path).is_file() else PrivacyLedger()
+        if any(not e.same_mechanism(self.event) for e in ledger.entries):
             raise FedprivError(f"{path}: the privacy ledger was recorded with other DP parameters; use a new run directory")
+        if ledger.steps != done:
+            ledger = PrivacyLedger([self.event.with_steps(done)] if done else [])
         self.ledger = ledger
