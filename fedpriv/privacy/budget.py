@@ -110,13 +110,14 @@ class DPBudget:
         """Restore the ledger of a run resumed after ``done`` steps; refuse one recorded with other
         DP parameters. A ledger of this mechanism that holds another step count (a kill between
         the checkpoint's write and the ledger's, or no ledger yet) is rebuilt as ``done`` steps of
-        it: the resumed run replays the steps after the checkpoint exactly, so those are the steps
-        released, and an uninterrupted run's ledger is the same."""
+        it, and written back: the resumed run replays the steps after the checkpoint exactly, so those
+        are the steps released, and an uninterrupted run's ledger is the same."""
         if self.event is None:
             return
         ledger = PrivacyLedger.load(path) if Path(path).is_file() else PrivacyLedger()
         if any(not e.same_mechanism(self.event) for e in ledger.entries):
             raise FedprivError(f"{path}: the privacy ledger was recorded with other DP parameters; use a new run directory")
-        if ledger.steps != done:
+        if ledger.steps != done:  # written back now: a run resumed at its last step writes no more checkpoints
             ledger = PrivacyLedger([self.event.with_steps(done)] if done else [])
+            ledger.save(path)
         self.ledger = ledger

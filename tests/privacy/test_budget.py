@@ -4,6 +4,8 @@ against dp_accounting directly."""
 
 from __future__ import annotations
 
+import json
+
 import dp_accounting
 import pytest
 
@@ -101,6 +103,7 @@ def test_a_ledger_one_write_off_its_checkpoint_is_the_checkpoints_steps(tmp_path
     resumed.resume(path, done)
     assert resumed.ledger.to_json() == uninterrupted(done).ledger.to_json()
     assert resumed.report() == uninterrupted(done).report()
+    assert json.loads(path.read_text()) == uninterrupted(done).ledger.to_json()  # written back (a run resumed at its end saves no more)
     missing = DPBudget(template(), 1.1, None, DELTA)
     missing.resume(tmp_path / "none.json", done)  # killed before the first ledger write
     assert missing.ledger.to_json() == uninterrupted(done).ledger.to_json()
