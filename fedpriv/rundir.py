@@ -351,7 +351,7 @@ class RunDir:
         d = self.create().path
         name = f"checkpoint-{int(meta['step'])}.msgpack"
         tmp = d / (name + ".partial")
-        tmp.write_bytes(serialization.to_bytes(state))
+        tmp.write_bytes(to_msgpack(state))
         os.replace(tmp, d / name)
         write_json_atomic(d / CHECKPOINT, {**meta, "state_file": name}, indent=1)
         for old in d.glob("checkpoint-*.msgpack"):
@@ -385,7 +385,7 @@ class RunDir:
     # ---- parameters -------------------------------------------------------------------------------
     def write_params(self, params: Any) -> None:
         tmp = self.path / (PARAMS + ".partial")
-        tmp.write_bytes(serialization.to_bytes(params))
+        tmp.write_bytes(to_msgpack(params))
         os.replace(tmp, self.path / PARAMS)
 
     def has_params(self) -> bool:
@@ -395,7 +395,7 @@ class RunDir:
         """Parameters after ``step`` steps or rounds, kept for an audit along training."""
         name = f"params-{int(step)}.msgpack"
         tmp = self.path / (name + ".partial")
-        tmp.write_bytes(serialization.to_bytes(params))
+        tmp.write_bytes(to_msgpack(params))
         os.replace(tmp, self.path / name)
 
     def snapshot_steps(self) -> list[int]:
@@ -509,6 +509,18 @@ class RunDir:
         if not path.is_file():
             return None
         return expect_shape(read_json(path, "failure record"), path, "failure record", Obj({"reason": (str,), "step": (int,)}, ("reason",)))
+
+
+def _sorted_keys(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _sorted_keys(tree[k]) for k in sorted(tree, key=str)}
+    return tree
+
+
+def to_msgpack(tree: Any) -> bytes:
+    """``tree`` as msgpack with every dict's keys in sorted order (JAX's pytree order), so the same
+    values give the same bytes whether they come from a training step or a restored checkpoint."""
+    return serialization.msgpack_serialize(_sorted_keys(serialization.to_state_dict(tree)))
 
 
 def _tree_mismatch(want: Any, got: Any, where: str) -> str | None:
