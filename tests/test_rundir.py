@@ -193,3 +193,12 @@ def test_a_tuning_record_must_choose_a_candidate_of_the_runs_grid(tmp_path):
     path.write_text(json.dumps({**record, "candidates": {}}))
     with pytest.raises(DataFormatError, match=r"r.json: not a tuning record: candidates must be a list"):
         read_tuning(path, spec)
+
+
+def test_the_same_parameters_give_the_same_bytes_in_any_key_order(tmp_path):
+    """A state restored from a checkpoint keeps its template's key order, a trained one JAX's
+    sorted order; a run resumed at its last checkpoint must write the uninterrupted run's bytes."""
+    w, b = np.arange(6, dtype=np.float32).reshape(2, 3), np.ones(3, np.float32)
+    RunDir(tmp_path / "a").create().write_params({"out": {"w": w, "b": b}, "emb": {"e": b}})
+    RunDir(tmp_path / "b").create().write_params({"emb": {"e": b}, "out": {"b": b, "w": w}})
+    assert (tmp_path / "a" / PARAMS).read_bytes() == (tmp_path / "b" / PARAMS).read_bytes()
