@@ -53,9 +53,9 @@ def check_prepared(prepared: Prepared, kind: str) -> list[str]:
     """Stage 2: refuse what the prepared data makes impossible (ConfigError naming the key);
     return warnings (e.g. delta above 1/N of the privacy unit)."""
     cfg = prepared.config
-    records = int(len(prepared.train_arrays["mask"]))
+    records = len(prepared.train_arrays["mask"])
     counts = prepared.train.counts()
-    users = int(len(counts))
+    users = len(counts)
     warnings: list[str] = []
 
     def delta_warning(key: str, delta: float, n: int, unit: str) -> None:
