@@ -29,7 +29,7 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.privacy.local.mechanisms import check_eta, check_text_mechanism
@@ -40,9 +40,65 @@ RUN_REF = "run:"
 #: The evaluation split of the validation users (utility targets, learning-rate choice).
 VALIDATION = "validation"
 
+#: Experiment, run and measurement names name directories: letters, digits and _.=+-, not starting with a dot.
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
+#: Names a run may not take: what a run store keeps next to its runs (rundir.EXPERIMENT, rundir.MEASURE_DIR, rundir.TUNE_DIR, report.REPORT_DIR).
+RESERVED_NAMES = ("experiment.json", "measure", "report", "tune")
+#: Loader options that name a file to write (a config read back from a run directory drops them).
+WRITE_OPTIONS = ("spill_to",)
+#: Seeds are 0 <= seed < 2**32 (numpy and JAX take them as unsigned 32-bit words).
+SEED_LIMIT = 2**32
+
+
+def name_problem(name: Any, reserved: bool = True) -> str | None:
+    """Why ``name`` cannot name a directory in a run store (a path, empty, reserved), or None."""
+    if not isinstance(name, str) or not NAME_PATTERN.match(name):
+        return f"name {name!r} must be letters, digits and _.=+- (it names a directory)"
+    if len(name) > 200:
+        return f"name {name[:20]!r}... is longer than 200 characters (it names a directory)"
+    if reserved and name in RESERVED_NAMES:
+        return f"name {name!r} is reserved (a run store keeps its {name} there)"
+    return None
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML file's table; ConfigError naming the file (line and column for syntax errors)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, not a TOML file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not valid UTF-8 text (byte {e.start}: {e.reason})") from None
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+
+
+def changed_keys(old: Any, new: Any, ignore: tuple[str, ...] = (), prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two JSON-like trees (``ignore``: dotted prefixes)."""
+    if prefix and any(prefix == i or prefix.startswith(i + ".") for i in ignore):
+        return []
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[str] = []
+        for k in sorted(set(old) | set(new), key=str):
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if k not in old or k not in new:
+                if not any(key == i or key.startswith(i + ".") for i in ignore):
+                    out.append(key)
+            else:
+                out += changed_keys(old[k], new[k], ignore, key)
+        return out
+    return [] if old == new else [prefix or "(the whole config)"]
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class DataConfig(_Strict):
@@ -68,7 +124,7 @@ class VocabConfig(_Strict):
     and ``fedpriv vocab build`` for the same thing on its own)."""
 
     size: int = Field(10_000, ge=1, description="top-K words (nwp) or WordPiece tokens in all (BERT)")
-    seq_len: int = Field(20, ge=1, description="tokens per encoded example (before bos/eos)")
+    seq_len: int = Field(20, ge=1, le=1024, description="tokens per encoded example (before bos/eos); at most 1024 (every example is padded to it)")
     source: str | None = Field(None, min_length=1, description="BERT: learn the vocabulary from this SOURCE (all its users) instead of the training users")
     source_format: str | None = Field(None, description="format of source, if not guessed from the path")
     source_options: dict[str, Any] = Field(default_factory=dict, description="loader options of source")
@@ -137,6 +193,20 @@ class TaskConfig(_Strict):
             f"'package.module:ClassName', or the name of a {TASK_ENTRY_POINTS!r} entry point ({have})"
         )
 
+    @field_validator("model")
+    @classmethod
+    def _preset(cls, model: str, info: ValidationInfo) -> str:
+        kind = info.data.get("kind")
+        if kind == "nwp":
+            from fedpriv.models.nwp import PRESETS
+        elif kind in ("mlm", "bert-ner"):
+            from fedpriv.models.bert import PRESETS
+        else:
+            return model  # ner and plug-in tasks: the model's sizes are task options
+        if model not in PRESETS:
+            raise ValueError(f"unknown {kind} preset {model!r}; choose one of {', '.join(PRESETS)}")
+        return model
+
 
 class TrainingConfig(_Strict):
     optimizer: Literal["sgd", "momentum", "adam"] = "adam"
@@ -151,6 +221,12 @@ class TrainingConfig(_Strict):
     eval_every: int = Field(200, ge=1, description="steps between evaluations")
     checkpoint_every: int = Field(200, ge=1, description="steps between checkpoints")
     eval_batch_size: int = Field(256, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> "TrainingConfig":
+        if self.steps is not None and self.epochs is not None:
+            raise ValueError("give steps or epochs, not both")
+        return self
 
 
 class PrivacyConfig(_Strict):
@@ -169,11 +245,21 @@ class PrivacyConfig(_Strict):
     clipping: Literal["auto", "fast", "reference"] = Field("auto", description="fast (ghost norms) where the model allows")
     epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a step would exceed this epsilon")
     accountant: Literal["rdp", "pld"] = "rdp"
+    private: bool = Field(True, description="false: clipping without noise, a control that claims no privacy (needs noise_multiplier = 0; no epsilon is reported)")
 
     @model_validator(mode="after")
     def _check(self) -> "PrivacyConfig":
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier or target_epsilon")
+        if not self.private:
+            if self.noise_multiplier != 0 or self.epsilon_budget is not None:
+                raise ValueError("private = false trains without noise: it takes noise_multiplier = 0 and no target_epsilon or epsilon_budget")
+        elif self.noise_multiplier == 0:
+            raise ValueError("noise_multiplier = 0 gives no privacy; set private = false for clipping without noise (no epsilon is reported), or drop [privacy]")
+        if self.accountant == "pld" and self.sampling == "fixed":
+            raise ValueError("accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
+        if self.noise_mode == "per-micro-step" and self.sampling != "fixed":
+            raise ValueError("noise_mode = 'per-micro-step' needs sampling = 'fixed' (under Poisson sampling the number of micro-steps depends on the sample)")
         return self
 
 
@@ -286,6 +372,8 @@ class FederatedConfig(_Strict):
             raise ValueError("strategy = 'fedavg-clip' adds no noise, so [federated.dp] has no meaning; use 'dp-fedavg'")
         if s == "dp-fedavg" and self.dp is None:
             raise ValueError("strategy = 'dp-fedavg' needs a [federated.dp] table: delta, and noise_multiplier or target_epsilon")
+        if self.dp is not None and self.dp.accountant == "pld" and self.sampling == "fixed":
+            raise ValueError("dp.accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
         return self
 
 
@@ -358,7 +446,7 @@ class PrivatizeConfig(_Strict):
     k: int = Field(2, description="vickrey: candidates (k nearest words); 2 is Xu et al.'s mechanism")
     embeddings: str = Field(..., min_length=1, description="an NWP run directory or a GloVe-style text file (checked before any data is read)")
     max_words: int | None = Field(None, ge=1, description="GloVe file: keep its first N vectors")
-    seed: int | None = Field(None, description="seed of the mechanism's jax.random key (default: the experiment's seed)")
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="seed of the mechanism's jax.random key (default: the experiment's seed)")
 
     @model_validator(mode="after")
     def _check(self) -> "PrivatizeConfig":
@@ -383,8 +471,8 @@ class UtilityConfig(_Strict):
 
 
 class ExperimentConfig(_Strict):
-    name: str = Field(..., min_length=1)
-    seed: int = 0
+    name: str = Field(..., min_length=1, description="names the default run directory or store: letters, digits and _.=+-")
+    seed: int = Field(0, ge=0, lt=SEED_LIMIT)
     data: DataConfig = Field(default_factory=DataConfig)
     vocab: VocabConfig = Field(default_factory=VocabConfig)
     task: TaskConfig = Field(default_factory=TaskConfig)
@@ -416,6 +504,50 @@ class ExperimentConfig(_Strict):
             return "user"
         return "example"
 
+    @field_validator("name")
+    @classmethod
+    def _name(cls, name: str) -> str:
+        problem = name_problem(name, reserved=False)
+        if problem:
+            raise ValueError(problem.removeprefix("name "))
+        return name
+
+    @model_validator(mode="after")
+    def _audit(self) -> ExperimentConfig:
+        """The audit's lengths fit the canaries (NWP and plug-in tasks) and the encoded examples (NWP), known before training."""
+        if self.canaries is not None and (self.task.kind == "nwp" or self.task.kind not in BUILTIN_TASKS):
+            a = self.audit
+            if not 1 <= a.rs_prefix < self.canaries.words:
+                raise ValueError(f"audit.rs_prefix ({a.rs_prefix}) must be between 1 and canaries.words - 1 ({self.canaries.words - 1})")
+            if self.task.kind == "nwp" and a.extraction_examples > 0 and a.extraction_prefix + a.extraction_suffix > self.vocab.seq_len:
+                raise ValueError(f"audit.extraction_prefix + extraction_suffix ({a.extraction_prefix + a.extraction_suffix}) exceeds vocab.seq_len ({self.vocab.seq_len}); lower them or set extraction_examples = 0")
+        return self
+
+    def without_write_targets(self) -> "ExperimentConfig":
+        """This config with the loader options that write files (WRITE_OPTIONS) dropped: what a
+        config read back from a run directory may do (it is data, not instructions)."""
+        def drop(options: dict[str, Any]) -> dict[str, Any]:
+            return {k: v for k, v in options.items() if k not in WRITE_OPTIONS}
+
+        data = self.data.model_copy(update={"options": drop(self.data.options), "eval_options": drop(self.data.eval_options)})
+        vocab = self.vocab.model_copy(update={"source_options": drop(self.vocab.source_options)})
+        return self.model_copy(update={"data": data, "vocab": vocab})
+
+
+def check_kind(cfg: ExperimentConfig, kind: str, origin: str = "config") -> None:
+    """Refuse a config that cannot train as ``kind`` (central or federated), before any data is read."""
+    if kind == "central":
+        t = cfg.training
+        if (t.steps is None) == (t.epochs is None):
+            raise ConfigError(f"{origin}: training: a central run needs steps or epochs (one of them)")
+    elif kind == "federated":
+        if cfg.federated is None:
+            raise ConfigError(f"{origin}: no [federated] section (see experiments/fedavg-shakespeare.toml)")
+        if cfg.privacy is not None:
+            raise ConfigError(f"{origin}: [privacy] (record-level DP-SGD) is for central training; federated runs take their privacy keys in [federated.dp] (strategy = 'dp-fedavg')")
+    else:
+        raise ConfigError(f"{origin}: unknown run kind {kind!r}; choose central or federated")
+
 
 def _path_of(loc: tuple) -> str:
     return ".".join(str(p) for p in loc) or "(top level)"
@@ -428,9 +560,18 @@ def _config_error(e: ValidationError, origin: str, plain: bool = False) -> Confi
     for err in e.errors():
         where = _path_of(err["loc"])
         msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
-        problems.append(msg if plain and not err["loc"] else f"{where}: {msg}")
+        problems.append(msg if not err["loc"] else f"{where}: {msg}")
     more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
     return ConfigError(f"{origin}: {problems[0]}{more}")
+
+
+def normalized_config(raw: Any) -> Any:
+    """A stored config re-validated and dumped, so keys a newer schema adds with their defaults
+    compare equal (``raw`` itself when it no longer validates)."""
+    try:
+        return ExperimentConfig.model_validate(raw).model_dump(mode="json")
+    except ValidationError:
+        return raw
 
 
 def set_key(raw: dict[str, Any], dotted: str, value: Any, what: str = "--set") -> None:
@@ -448,6 +589,8 @@ def set_key(raw: dict[str, Any], dotted: str, value: Any, what: str = "--set") -
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
     """``raw`` with each ``KEY=VALUE`` of ``overrides`` (dotted key -> value, ``--set``) set."""
+    if overrides and not isinstance(raw, dict):
+        raise ConfigError(f"--set {next(iter(overrides))!r}: the config is not a table")
     for key, value in (overrides or {}).items():
         set_key(raw, key, value)
     return raw
@@ -477,7 +620,7 @@ class MeasureConfig(_Strict):
     mechanism: Literal["txt", "vickrey"] = Field("txt", description="the token mechanism of plausible deniability")
     t: float | None = Field(None, description="vickrey: tuning parameter in [0, 1]; required for vickrey, refused for txt")
     k: int = Field(2, description="vickrey: candidates (k nearest tokens)")
-    seed: int | None = Field(None, description="seed of the jax.random key (default: the experiment's seed)")
+    seed: int | None = Field(None, ge=0, lt=SEED_LIMIT, description="seed of the jax.random key (default: the experiment's seed)")
     max_words: int | None = Field(None, ge=1, description="GloVe file: keep its first N vectors")
     inversion_source: str | None = Field(None, min_length=1, description="SOURCE of the inversion's corpus (default: the experiment's [data] source and options)")
     inversion_format: str | None = Field(None, description="format of inversion_source, if not guessed from the path")
@@ -486,8 +629,9 @@ class MeasureConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "MeasureConfig":
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$", self.name):
-            raise ValueError(f"name {self.name!r} must be letters, digits and _.=+- (it names a directory)")
+        problem = name_problem(self.name, reserved=False)
+        if problem:
+            raise ValueError(problem)
         if isinstance(self.sample, int) and self.sample < 1:
             raise ValueError(f"sample must be >= 1 or 'all', got {self.sample}")
         if isinstance(self.inversion_tokens, int) and self.inversion_tokens < 0:
@@ -525,20 +669,17 @@ def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
     """Read and validate an experiment config: TOML, or JSON for a ``.json`` path; ``overrides``
     (dotted key -> value, ``--set``) are set before validation."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not valid UTF-8 ({e.reason})") from None
     if path.suffix == ".json":  # a resolved config written by fedpriv (run directories, experiment runs)
         try:
-            raw = json.loads(text)
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError(f"{path}: no such file") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read ({e})") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: JSON syntax error: {e}") from None
         return validate_config(apply_overrides(raw, overrides), str(path))
-    try:
-        raw = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    raw = read_toml(path)
+    if "runs" in raw:
+        raise ConfigError(f"{path}: an experiment file ([[runs]]), not one config: train its runs with fedpriv run")
     return validate_config(apply_overrides(raw, overrides), str(path))

@@ -43,3 +43,11 @@ class SourceError(FedprivError):
 
 class PrivacyParameterError(FedprivError):
     """An impossible privacy parameter, refused before any work; the message names it and its valid range."""
+
+
+class TrainingDiverged(FedprivError):
+    """The train loss or the parameters became non-finite; the run is marked failed."""
+
+
+class ConfigChanged(FedprivError):
+    """A run would resume (or a store continue) with another config than it started with."""

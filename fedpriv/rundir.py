@@ -23,6 +23,7 @@ pipeline that made them::
     tokenizer.json         a BERT run's tokenizer (and its vocabulary's released record)
     vocabulary.json        the full record of a vocabulary the run learned (raw-data figures included)
     audit.json, audit.md   the memorization audit
+    failed.json            the run failed (e.g. its loss became non-finite): why, and where; never reported
     summary.json           written last by a run store: the run is complete
 
 A run store (``fedpriv run``) is a directory of run directories plus ``experiment.json`` and, for
@@ -32,18 +33,26 @@ Checkpoints are written safely: the state goes to ``checkpoint-<step>.msgpack`` 
 the arrays, flax.serialization, never pickle), then ``checkpoint.json`` naming it replaces the old
 one atomically, then older state files are removed; a crash at any point leaves the previous
 checkpoint or the new one, whole. JSON files are written atomically too.
+
+A run directory is data, not instructions: every file is checked for its shape when read (a
+one-line :class:`~fedpriv.errors.DataFormatError` naming the file), a checkpoint names only a
+state file of its own directory, a checkpoint or parameters of another model's shapes are
+refused, and the config read back drops the loader options that would write files
+(:data:`fedpriv.config.WRITE_OPTIONS`).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flax import serialization
 
-from fedpriv.config import ExperimentConfig, validate_config
+from fedpriv.config import ExperimentConfig, name_problem, validate_config
 from fedpriv.errors import DataFormatError, FedprivError
 from fedpriv.jsonio import read_json, write_json_atomic
 
@@ -69,12 +78,149 @@ def along_audit(step: int) -> str:
     return f"audit-{int(step)}.json"
 
 SUMMARY = "summary.json"
+FAILED = "failed.json"
+STATE_FILE = re.compile(r"^checkpoint-[0-9]+\.msgpack$")
+#: Parameters along training and their audits (audit.along): ``params-<step>.msgpack``, ``audit-<step>.json``.
+SNAPSHOT_FILE = re.compile(r"^params-([0-9]+)\.msgpack$")
+ALONG_FILE = re.compile(r"^audit-[0-9]+\.json$")
+#: Files a fresh start (``--restart``) removes: what training and the store wrote, never anything else.
+RUN_FILES = (CONFIG, RUN_CONFIG, METRICS, CHECKPOINT, PARAMS, LEDGER, AUDIT_JSON, AUDIT_MD, EMPIRICAL, SUMMARY, FAILED)
 #: A run store's record of its experiment (every run's name, kind and resolved config).
 EXPERIMENT = "experiment.json"
 #: A run store's learning-rate trials (``tune/GROUP/<i>/``) and their records (``tune/GROUP.json``).
 TUNE_DIR = "tune"
 #: A run store's ``[[measure]]`` results: ``measure/NAME/measure.json`` and its plot.
 MEASURE_DIR, MEASURE_FILE, PLOT_FILE = "measure", "measure.json", "deniability.png"
+
+
+_TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number", bool: "true or false", type(None): "null"}
+
+
+class Obj:
+    """The shape of a JSON object: ``fields`` (key -> shape, checked where present), ``required`` keys."""
+
+    def __init__(self, fields: dict[str, Any], required: tuple[str, ...] = ()):
+        self.fields, self.required = fields, required
+
+
+class Each:
+    """The shape of a JSON object with any keys, or of a list (``list_=True``), each value of ``shape``;
+    ``or_null``: null is accepted too."""
+
+    def __init__(self, shape: Any, list_: bool = False, or_null: bool = False):
+        self.shape, self.list_, self.or_null = shape, list_, or_null
+
+
+def _is(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool):
+        return bool in types
+    return isinstance(value, types)
+
+
+def _shape_problem(obj: Any, shape: Any, where: str) -> str | None:
+    """Where ``obj`` departs from ``shape`` (a tuple of types, Obj or Each), or None."""
+    if isinstance(shape, tuple):
+        if _is(obj, shape):
+            return None
+        want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in shape)
+        return f"{where or 'the file'} must be {want}, got {json.dumps(obj)[:40]}"
+    if isinstance(shape, Each) and shape.or_null and obj is None:
+        return None
+    container = list if isinstance(shape, Each) and shape.list_ else dict
+    if not isinstance(obj, container):
+        return f"{where or 'the file'} must be {_TYPE_NAMES[container]}, got {json.dumps(obj)[:40]}"
+    if isinstance(shape, Each):
+        items = enumerate(obj) if shape.list_ else obj.items()
+        for k, v in items:
+            problem = _shape_problem(v, shape.shape, f"{where}[{k!r}]" if shape.list_ else f"{where}.{k}".lstrip("."))
+            if problem:
+                return problem
+        return None
+    for k in shape.required:
+        if k not in obj:
+            return f"{where or 'the file'} has no {k!r}"
+    for k, sub in shape.fields.items():
+        if k in obj:
+            problem = _shape_problem(obj[k], sub, f"{where}.{k}".lstrip("."))
+            if problem:
+                return problem
+    return None
+
+
+def expect_shape(obj: Any, path: str | os.PathLike[str], what: str, shape: Any) -> Any:
+    """``obj`` when it has ``shape`` (see :class:`Obj`, :class:`Each`); else a one-line
+    DataFormatError naming the file and the key."""
+    problem = _shape_problem(obj, shape, "")
+    if problem:
+        raise DataFormatError(path, None, f"not {'an' if what[0] in 'aeiou' else 'a'} {what}: {problem}")
+    return obj
+
+
+NUM = (int, float)
+NUM_OR_NULL = (int, float, type(None))
+STR_OR_NULL = (str, type(None))
+SCALAR = (int, float, str, bool, type(None))
+#: An audit's memorized counts and exposures: overall, and by configuration.
+AUDIT_TOTALS = Each(NUM_OR_NULL)
+AUDIT_SUMMARY = Obj({"total": AUDIT_TOTALS, "by_configuration": Each(AUDIT_TOTALS)}, ("total",))
+#: An empirical privacy audit (``empirical.json``): the bounds, the attack's statistics, the accountant's epsilon.
+EMPIRICAL_SHAPE = Obj({
+    "kind": (str,), "unit": (str,), "canaries": (int,), "score": (str,), "parameters": (str,), "epsilon_lower_bound": NUM,
+    "epsilon_lower_bound_fdp": NUM, "epsilon_gdp_estimate": NUM, "tpr_at_fpr": NUM, "fpr": NUM, "auroc": NUM, "confidence": NUM,
+    "delta": NUM, "members": (int,), "non_members": (int,), "accountant_epsilon": NUM_OR_NULL, "seconds": NUM,
+    "member_score_mean": NUM, "non_member_score_mean": NUM,
+}, ("kind", "unit", "canaries", "epsilon_lower_bound", "delta"))
+#: What data preparation decided on its own (``data.json``).
+DATA_SHAPE = Obj({"notes": Each((str,), list_=True), "length_limit": (str, int, float, type(None)), "cut": Each((dict,)), "source": (dict,)}, ("notes",))
+#: A utility target's record in a summary (:func:`fedpriv.runner.summary.target_record`).
+TARGET_SHAPE = Obj({"metric": (str,), "value": NUM, "split": (str,), "reached": (bool,), "at": (str,), "when": NUM_OR_NULL, "reached_value": NUM_OR_NULL},
+                   ("metric", "value", "reached"))
+CANARY_ROW = Obj({
+    "id": (str, int), "p_u": NUM, "p_e": NUM, "pattern": STR_OR_NULL, "sharers": NUM_OR_NULL, "insertions": NUM_OR_NULL,
+    "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
+    "exposure": NUM_OR_NULL, "exposure_extrapolated": NUM_OR_NULL, "rs_candidates": NUM_OR_NULL,
+}, ("p_u", "p_e"))
+AUDIT_SHAPE = Obj({
+    "task": (str,), "parameters": (str,), "run_dir": (str,), "settings": Each(SCALAR), "summary": AUDIT_SUMMARY,
+    "canaries": Each(CANARY_ROW, list_=True), "extraction": Each(Each(NUM_OR_NULL), or_null=True),
+}, ("summary",))
+#: What the report and later stages read from ``summary.json`` (other keys are free-form).
+SUMMARY_SHAPE = Obj({
+    "name": (str,), "kind": (str,), "algorithm": (str,), "users": (str,), "order": (str,), "task": (str,), "engine": STR_OR_NULL,
+    "data_source": (str,), "eval_source": STR_OR_NULL, "sampling": STR_OR_NULL,
+    "epsilon": NUM_OR_NULL, "delta": NUM_OR_NULL, "guarantee": STR_OR_NULL,
+    "client_epsilon": NUM_OR_NULL, "client_delta": NUM_OR_NULL, "client_guarantee": STR_OR_NULL,
+    "batch_size": NUM_OR_NULL, "clients_per_round": NUM_OR_NULL, "steps": NUM_OR_NULL, "rounds": NUM_OR_NULL,
+    "noise_multiplier_config": NUM_OR_NULL, "clip_norm": NUM_OR_NULL, "seconds": NUM_OR_NULL,
+    "eval_split": STR_OR_NULL, "eval_accuracy": NUM_OR_NULL, "eval_perplexity": NUM_OR_NULL, "eval_f1": NUM_OR_NULL, "eval_loss": NUM_OR_NULL,
+    "audit": Obj({"total": AUDIT_TOTALS, "by_configuration": Each(AUDIT_TOTALS)}), "privatize": Obj({"guarantee": STR_OR_NULL, "mechanism": STR_OR_NULL, "eta": NUM_OR_NULL, "t": NUM_OR_NULL}),
+    "vocabulary": Obj({"source": STR_OR_NULL, "vocab_size": NUM_OR_NULL, "pieces_per_word": NUM_OR_NULL}), "starts_from": Each((str,)),
+    "group": (str,), "seed": NUM_OR_NULL, "canary_seed": NUM_OR_NULL, "privacy_unit": STR_OR_NULL, "examples_per_user": NUM_OR_NULL,
+    "utility_metric": STR_OR_NULL, "utility_label": STR_OR_NULL, "utility": NUM_OR_NULL, "degenerate": STR_OR_NULL,
+    "target": TARGET_SHAPE, "empirical": EMPIRICAL_SHAPE, "along": Each(Each(NUM_OR_NULL), list_=True),
+    "data_notes": Each((str,), list_=True), "tuned": Obj({"winner": (dict,), "metric": STR_OR_NULL, "record": (str,)}),
+}, ("name", "kind"))
+CHECKPOINT_SHAPE = Obj({"step": (int,), "kind": (str,), "pending": (list,), "state_file": (str,)}, ("step", "state_file"))
+RUN_RECORD = Obj({
+    "name": (str,), "kind": (str,), "group": STR_OR_NULL, "seed": NUM_OR_NULL, "tune": (dict,), "tune_fraction": NUM,
+    "config": Obj({"privacy": (dict, type(None)), "federated": (dict, type(None))}),
+}, ("name", "kind", "config"))
+CONTRAST = Obj({"name": (str,), "a": (str,), "b": (str,)}, ("name", "a", "b"))
+STORE_RECORD = Obj({"name": (str,), "runs": Each(RUN_RECORD, list_=True), "contrasts": Each(CONTRAST, list_=True)}, ("name", "runs"))
+#: ``config.json``: the resolved experiment and the task's headline utility (metric name, label).
+CONFIG_SHAPE = Obj({"experiment": (dict,), "utility": Each((str,), list_=True)})
+
+
+def read_store_record(store: str | os.PathLike[str]) -> dict[str, Any]:
+    """A run store's ``experiment.json``, checked: a name, and runs each with a name that names a
+    directory of the store, a kind and a config."""
+    path = Path(store) / EXPERIMENT
+    exp = expect_shape(read_json(path, "experiment file"), path, "run store's experiment file", STORE_RECORD)
+    for i, run in enumerate(exp["runs"]):
+        problem = name_problem(run["name"])
+        if problem:
+            raise DataFormatError(path, f"runs[{i}]", f"run {problem}")
+    return exp
 
 
 def measure_dir(store: str | os.PathLike[str], name: str) -> Path:
@@ -101,6 +247,18 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         return self
 
+    def reset(self) -> None:
+        """Start afresh: remove the files training and the store wrote (RUN_FILES, checkpoint
+        states, parameters and audits along training, partial writes); nothing else in the directory is touched."""
+        if not self.path.is_dir():
+            return
+        for name in RUN_FILES:
+            (self.path / name).unlink(missing_ok=True)
+        for p in self.path.iterdir():
+            ours = any(r.match(p.name) for r in (STATE_FILE, SNAPSHOT_FILE, ALONG_FILE)) or p.name.endswith(".partial")
+            if ours and p.is_file():
+                p.unlink()
+
     # ---- JSON files ------------------------------------------------------------------------------
     def write_json(self, name: str, obj: Any, indent: int | None = None) -> Path:
         return write_json_atomic(self.path / name, obj, indent=indent)
@@ -111,20 +269,34 @@ class RunDir:
     # ---- config.json: what the trainer ran ------------------------------------------------------
     def write_config(self, meta: dict[str, Any]) -> None:
         """``config.json``: ``meta`` holds ``experiment`` (the resolved config) and the trainer's facts."""
-        (self.path / CONFIG).write_text(json.dumps(meta, indent=1))
+        write_json_atomic(self.path / CONFIG, meta, indent=1)
+
+    def config_meta(self) -> dict[str, Any] | None:
+        """``config.json`` as written (None when there is none), checked to be a JSON object."""
+        path = self.path / CONFIG
+        if not path.is_file():
+            return None
+        meta = expect_shape(read_json(path, "run config"), path, "run config", CONFIG_SHAPE)
+        if "utility" in meta and len(meta["utility"]) != 2:
+            raise DataFormatError(path, None, "not a run config: utility must be [metric, label]")
+        return meta
+
+    def utility(self) -> tuple[str, str]:
+        """The task's headline utility (metric, label) that ``config.json`` records (accuracy by default)."""
+        meta = self.config_meta() or {}
+        metric, label = meta.get("utility") or ("accuracy", "accuracy")
+        return metric, label
 
     def experiment_config(self) -> ExperimentConfig:
-        """The resolved experiment config the run was trained with (``config.json``)."""
+        """The resolved experiment config the run was trained with (``config.json``), without
+        loader options that write files (the directory is data, not instructions)."""
         path = self.path / CONFIG
-        try:
-            meta = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise FedprivError(f"{self.path}: not a run directory (no {CONFIG}); train first with fedpriv train") from None
-        except ValueError as e:
-            raise FedprivError(f"{path}: unreadable ({e})") from None
+        meta = self.config_meta()
+        if meta is None:
+            raise FedprivError(f"{self.path}: not a run directory (no {CONFIG}); train first with fedpriv train")
         if "experiment" not in meta:
             raise FedprivError(f"{path}: no experiment config recorded; retrain with this version of fedpriv")
-        return validate_config(meta["experiment"], str(path))
+        return validate_config(meta["experiment"], str(path)).without_write_targets()
 
     # ---- metrics.jsonl --------------------------------------------------------------------------
     def append_metrics(self, row: dict[str, Any]) -> None:
@@ -132,11 +304,12 @@ class RunDir:
             f.write(json.dumps(row) + "\n")
 
     def truncate_metrics(self, step: int) -> None:
-        """Keep the rows up to ``step`` (a resumed run writes the rest again)."""
+        """Keep the rows up to ``step`` (a resumed run writes the rest again); a torn last line
+        (a kill during an append) is dropped."""
         path = self.path / METRICS
         if not path.exists():
             return
-        keep = [line for line in path.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+        keep = [json.dumps(row) for row in self._metric_rows(torn_tail_ok=True) if row["step"] <= step]
         tmp = path.with_name(path.name + ".partial")
         tmp.write_text("".join(line + "\n" for line in keep))
         os.replace(tmp, path)
@@ -145,10 +318,32 @@ class RunDir:
         (self.path / METRICS).unlink(missing_ok=True)
 
     def metrics(self) -> list[dict[str, Any]]:
+        """Every row of ``metrics.jsonl``; DataFormatError naming the line of a damaged one."""
+        return self._metric_rows(torn_tail_ok=False)
+
+    def _metric_rows(self, torn_tail_ok: bool) -> list[dict[str, Any]]:
         path = self.path / METRICS
         if not path.is_file():
             return []
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise DataFormatError(path, None, f"unreadable metrics ({e})") from None
+        lines = text.split("\n")
+        rows = []
+        for i, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as e:
+                if torn_tail_ok and i == len(lines) and not text.endswith("\n"):
+                    break  # the last append was cut short: that row comes after the checkpoint
+                raise DataFormatError(path, i, f"not a JSON metrics row ({e}); delete the run directory or pass --restart to start over") from None
+            if _shape_problem(row, Obj({"step": (int,)}, ("step",)), ""):
+                raise DataFormatError(path, i, "a metrics row must be a JSON object with an integer 'step'")
+            rows.append(row)
+        return rows
 
     # ---- checkpoints --------------------------------------------------------------------------------
     def save_checkpoint(self, state: Any, meta: dict[str, Any]) -> None:
@@ -156,7 +351,7 @@ class RunDir:
         d = self.create().path
         name = f"checkpoint-{int(meta['step'])}.msgpack"
         tmp = d / (name + ".partial")
-        tmp.write_bytes(serialization.to_bytes(state))
+        tmp.write_bytes(to_msgpack(state))
         os.replace(tmp, d / name)
         write_json_atomic(d / CHECKPOINT, {**meta, "state_file": name}, indent=1)
         for old in d.glob("checkpoint-*.msgpack"):
@@ -164,33 +359,33 @@ class RunDir:
                 old.unlink(missing_ok=True)
 
     def checkpoint_meta(self) -> dict[str, Any] | None:
-        """The last checkpoint's metadata, or None when there is none."""
+        """The last checkpoint's metadata, or None when there is none; its state file must be a
+        ``checkpoint-<step>.msgpack`` of this directory."""
         path = self.path / CHECKPOINT
         if not path.is_file():
             return None
         try:
             meta = json.loads(path.read_text())
-            int(meta["step"])
-        except (OSError, ValueError, KeyError, TypeError) as e:
+        except (OSError, ValueError) as e:
             raise DataFormatError(path, None, f"unreadable checkpoint ({e}); delete the directory to start over") from None
+        expect_shape(meta, path, "checkpoint record", CHECKPOINT_SHAPE)
+        if meta["step"] < 0 or not STATE_FILE.match(meta["state_file"]):
+            raise DataFormatError(path, None, f"not a checkpoint record: step {meta['step']}, state file {meta['state_file'][:60]!r} (a checkpoint-<step>.msgpack of this directory expected)")
         return meta
 
     def load_checkpoint(self, template: Any) -> tuple[Any, dict[str, Any]] | None:
         """``(state, meta)`` of the last checkpoint, or None. ``template``: a state of the same
-        structure (fresh parameters and optimizer state)."""
+        structure (fresh parameters and optimizer state); a state of other shapes is refused."""
         meta = self.checkpoint_meta()
         if meta is None:
             return None
-        try:
-            state = serialization.from_bytes(template, (self.path / meta["state_file"]).read_bytes())
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DataFormatError(self.path / CHECKPOINT, None, f"unreadable checkpoint ({e}); delete the directory to start over") from None
+        state = self._restore(template, self.path / meta["state_file"], "checkpoint")
         return state, meta
 
     # ---- parameters -------------------------------------------------------------------------------
     def write_params(self, params: Any) -> None:
         tmp = self.path / (PARAMS + ".partial")
-        tmp.write_bytes(serialization.to_bytes(params))
+        tmp.write_bytes(to_msgpack(params))
         os.replace(tmp, self.path / PARAMS)
 
     def has_params(self) -> bool:
@@ -200,24 +395,21 @@ class RunDir:
         """Parameters after ``step`` steps or rounds, kept for an audit along training."""
         name = f"params-{int(step)}.msgpack"
         tmp = self.path / (name + ".partial")
-        tmp.write_bytes(serialization.to_bytes(params))
+        tmp.write_bytes(to_msgpack(params))
         os.replace(tmp, self.path / name)
 
     def snapshot_steps(self) -> list[int]:
         """Steps with saved parameters (:meth:`write_snapshot`), in order."""
         steps = []
         for p in self.path.glob("params-*.msgpack"):
-            tail = p.name[len("params-") : -len(".msgpack")]
-            if tail.isdigit():
-                steps.append(int(tail))
+            m = SNAPSHOT_FILE.match(p.name)
+            if m and p.is_file():
+                steps.append(int(m.group(1)))
         return sorted(steps)
 
     def load_snapshot(self, step: int, template: Any) -> Any:
-        path = self.path / f"params-{int(step)}.msgpack"
-        try:
-            return serialization.from_bytes(template, path.read_bytes())
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise DataFormatError(path, None, f"unreadable parameters ({e})") from None
+        """The parameters saved after ``step``; DataFormatError when damaged or of other shapes."""
+        return self._restore(template, self.path / f"params-{int(step)}.msgpack", "parameters")
 
     def read_params_tree(self) -> Any:
         """The final parameters as a raw nested dict of arrays (no template needed)."""
@@ -232,22 +424,118 @@ class RunDir:
     def load_params(self, template: Any) -> tuple[Any, str]:
         """The final parameters, else the last checkpoint's: ``(params, where from)``."""
         if self.has_params():
-            return serialization.from_bytes(template, (self.path / PARAMS).read_bytes()), "final parameters"
+            return self._restore(template, self.path / PARAMS, "parameters"), "final parameters"
         meta = self.checkpoint_meta()
         if meta is not None:
-            raw = serialization.msgpack_restore((self.path / meta["state_file"]).read_bytes())
-            return serialization.from_state_dict(template, raw["params"]), f"checkpoint at step {meta['step']} (the run is unfinished)"
+            state = self._restore({"params": template}, self.path / meta["state_file"], "checkpoint", partial=True)
+            return state["params"], f"checkpoint at step {meta['step']} (the run is unfinished)"
         raise FedprivError(f"{self.path}: no parameters (neither {PARAMS} nor a checkpoint)")
+
+    @staticmethod
+    def _restore(template: Any, path: Path, what: str, partial: bool = False) -> Any:
+        """``template`` filled from the msgpack file ``path``; DataFormatError when it is damaged
+        or holds another structure or other shapes (e.g. another model size). ``partial``: the
+        file may hold more top-level entries than ``template`` (a checkpoint read for its params)."""
+        hint = "delete the run directory or pass --restart to start over"
+        try:
+            raw = serialization.msgpack_restore(path.read_bytes())
+        except FileNotFoundError:
+            raise DataFormatError(path, None, f"the {what} file is missing; {hint}") from None
+        except Exception as e:  # msgpack raises several unrelated types on damaged input
+            raise DataFormatError(path, None, f"unreadable {what} ({type(e).__name__}: {e}); {hint}") from None
+        if partial and isinstance(raw, dict):
+            raw = {k: raw[k] for k in template if k in raw}
+        want = serialization.to_state_dict(template)
+        problem = _tree_mismatch(want, raw, "")
+        if problem:
+            raise DataFormatError(path, None, f"the {what} holds {problem} (another model or config?); {hint}")
+        return serialization.from_state_dict(template, raw)
 
     # ---- the run store's files ------------------------------------------------------------------
     def has_summary(self) -> bool:
         return self.has(SUMMARY)
 
     def summary(self) -> dict[str, Any]:
-        return self.read_json(SUMMARY, "run summary")
+        path = self.path / SUMMARY
+        summary = expect_shape(read_json(path, "run summary"), path, "run summary", SUMMARY_SHAPE)
+        if summary.get("epsilon") is not None and summary.get("delta") is None:
+            raise DataFormatError(path, None, "not a run summary: an epsilon without its delta")
+        return summary
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         write_json_atomic(self.path / SUMMARY, summary)
 
+    def audit(self) -> dict[str, Any]:
+        """``audit.json``, checked: a summary object and a list of canary rows (objects)."""
+        path = self.path / AUDIT_JSON
+        return expect_shape(read_json(path, "audit"), path, "audit", AUDIT_SHAPE)
+
     def audit_summary(self) -> dict[str, Any] | None:
-        return self.read_json(AUDIT_JSON, "audit")["summary"] if self.has(AUDIT_JSON) else None
+        return self.audit()["summary"] if self.has(AUDIT_JSON) else None
+
+    def along_audit(self, step: int) -> dict[str, Any]:
+        """``audit-<step>.json`` (audit.along), checked like ``audit.json``, for that step."""
+        path = self.path / along_audit(step)
+        audit = expect_shape(read_json(path, "audit"), path, "audit", Obj({**AUDIT_SHAPE.fields, "step": (int,)}, ("summary", "step")))
+        if audit["step"] != int(step):
+            raise DataFormatError(path, None, f"not the audit of step {step}: it says step {audit['step']}")
+        return audit
+
+    def empirical(self) -> dict[str, Any]:
+        """``empirical.json``, checked: the bounds and the attack's statistics."""
+        path = self.path / EMPIRICAL
+        return expect_shape(read_json(path, "empirical audit"), path, "empirical audit", EMPIRICAL_SHAPE)
+
+    def data_record(self) -> dict[str, Any] | None:
+        """``data.json`` (what preparing the data decided on its own), checked, or None."""
+        path = self.path / DATA
+        if not path.is_file():
+            return None
+        return expect_shape(read_json(path, "data record"), path, "data record", DATA_SHAPE)
+
+    def record(self, name: str, what: str) -> dict[str, Any]:
+        """A free-form JSON record of the run (``privatize.json``, ``vocabulary.json``, ``tokenizer.json``): a JSON object."""
+        path = self.path / name
+        return expect_shape(read_json(path, what), path, what, Obj({}))
+
+    # ---- failure --------------------------------------------------------------------------------
+    def write_failure(self, reason: str, step: int, checkpoint_step: int | None) -> None:
+        """Mark the run failed (``failed.json``): it is never reported as a result."""
+        self.write_json(FAILED, {"reason": reason, "step": step, "checkpoint_step": checkpoint_step}, indent=1)
+
+    def failure(self) -> dict[str, Any] | None:
+        """Why the run failed (``failed.json``), or None."""
+        path = self.path / FAILED
+        if not path.is_file():
+            return None
+        return expect_shape(read_json(path, "failure record"), path, "failure record", Obj({"reason": (str,), "step": (int,)}, ("reason",)))
+
+
+def _sorted_keys(tree: Any) -> Any:
+    if isinstance(tree, dict):
+        return {k: _sorted_keys(tree[k]) for k in sorted(tree, key=str)}
+    return tree
+
+
+def to_msgpack(tree: Any) -> bytes:
+    """``tree`` as msgpack with every dict's keys in sorted order (JAX's pytree order), so the same
+    values give the same bytes whether they come from a training step or a restored checkpoint."""
+    return serialization.msgpack_serialize(_sorted_keys(serialization.to_state_dict(tree)))
+
+
+def _tree_mismatch(want: Any, got: Any, where: str) -> str | None:
+    """Where the state dict ``got`` differs from ``want`` in structure or array shapes, or None."""
+    if isinstance(want, dict):
+        if not isinstance(got, dict) or set(want) != set(got):
+            missing = sorted(set(want) - set(got)) if isinstance(got, dict) else []
+            return f"other entries at {where or 'the top'}" + (f" (no {missing[0]!r})" if missing else "")
+        for k in want:
+            problem = _tree_mismatch(want[k], got[k], f"{where}/{k}")
+            if problem:
+                return problem
+        return None
+    if hasattr(want, "shape"):
+        shape = getattr(got, "shape", None)
+        if shape is None or tuple(shape) != tuple(np.shape(want)):
+            return f"an array of shape {shape} at {where}, where {tuple(np.shape(want))} was expected"
+    return None

@@ -91,9 +91,7 @@ class DPSGDStepper(CentralStepper):
         self.b = dp.micro_batch_size or math.ceil(b_logical / self.P)
         self.rows = self.P * self.b  # units (examples, or users) per micro-step
         self.T = math.ceil(b_logical / self.rows)  # micro-steps per logical batch (fixed-size sampling)
-        if dp.noise_mode == "per-micro-step":
-            if dp.sampling != "fixed":
-                raise PrivacyParameterError("privacy.noise_mode = 'per-micro-step' needs sampling = 'fixed' (under Poisson sampling the number of micro-steps depends on the sample)")
+        if dp.noise_mode == "per-micro-step":  # (it needs sampling = "fixed": PrivacyConfig refuses it otherwise)
             if b_logical % self.rows:
                 raise PrivacyParameterError(f"privacy.noise_mode = 'per-micro-step': training.batch_size ({b_logical}) must be a multiple of devices x micro_batch_size ({self.rows})")
         shards = self.P if dp.noise_mode in ("per-shard", "per-micro-step") else 1

@@ -59,18 +59,24 @@ def train_central(
     return run_loop(stepper, task, RunDir(run_dir), seed, meta, eval_sets, cfg.eval_batch_size, stop_after, log, target, snapshots)
 
 
+def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None) -> CentralStepper:
+    """The stepper of a prepared experiment: SGD, or DP-SGD with ``[privacy]``."""
+    cfg = prepared.config
+    train = prepared.train_arrays
+    steps = total_steps(cfg.training, len(train["mask"]))
+    tx = training_optimizer(cfg.training, steps)
+    if cfg.privacy is None:
+        return SGDStepper(prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, tx, steps)
+    return DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts())
+
+
 def train_prepared_central(prepared: Prepared, run_dir: str | os.PathLike[str], stop_after: int | None = None, log: Callable[[str], None] | None = None) -> LoopResult:
     """Central training of a prepared experiment: SGD, or DP-SGD with ``[privacy]``."""
     cfg = prepared.config
     train = prepared.train_arrays
     RunDir(run_dir).create()
     prepared.save_assets(run_dir)
-    steps = total_steps(cfg.training, len(train["mask"]))
-    tx = training_optimizer(cfg.training, steps)
-    if cfg.privacy is None:
-        stepper: CentralStepper = SGDStepper(prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, tx, steps)
-    else:
-        stepper = DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts())
+    stepper = central_stepper(prepared, log)
     return train_central(
         prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, run_dir,
         eval_sets=prepared.eval_arrays, stepper=stepper, stop_after=stop_after, log=log, extra_meta={"experiment": cfg.model_dump()},

@@ -12,8 +12,11 @@ one of its keys. Known-harmless third-party messages are filtered (:mod:`fedpriv
 from __future__ import annotations
 
 import json
+import logging
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Optional
 
@@ -139,63 +142,81 @@ def _print_stats(stats: dict) -> None:
 def config_check(
     path: Path = typer.Argument(..., help="An experiment TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
+    static: bool = typer.Option(False, "--static", help="Check the keys only; do not load the data (cohort and batch sizes, calibration are not checked)."),
     set_: list[str] = _set_option(),
 ) -> None:
-    """Validate an experiment config (or an experiment with [[runs]], every run resolved):
-    unknown keys and wrong types are refused by key path, a plug-in task is imported."""
-    import tomllib
+    """Validate an experiment config (or an experiment with [[runs]], every run resolved) with
+    the checks training makes before its first step: unknown keys and wrong types by key path,
+    impossible privacy, a plug-in task imported, then (unless --static) the data: cohort and batch sizes, delta against
+    1/N, the noise calibration."""
+    from fedpriv.runner.checks import check_file
 
-    from fedpriv.config import load_config
-
-    overrides = parse_options(set_, "--set")
-    if path.suffix == ".toml" and path.is_file() and "runs" in tomllib.loads(path.read_text(encoding="utf-8")):
-        from fedpriv.runner.grid import read_experiment
-
-        exp = read_experiment(path, overrides)
-        name, specs = exp.name, exp.runs
-        for spec in specs:
-            _check_task(spec.config)
+    with _naming(path):
+        checked = check_file(path, static, overrides=parse_options(set_, "--set"))
+    runs = checked.runs
+    for r in runs:
+        for w in r.warnings:
+            _warn(f"run {r.name!r}: {w}" if checked.experiment else w)
+    scope = " (static checks only: data not loaded)" if static else ""
+    skipped = [r.name for r in runs if r.skipped]
+    if skipped and not static:
+        scope = f" (the data of {', '.join(skipped)} is checked when the runs they start from have trained)"
+    if checked.experiment:
         if as_json:
-            doc: dict = {"name": name, "runs": [s.record() for s in specs]}
-            if exp.measures:
-                doc["measures"] = [m.model_dump() for m in exp.measures]
+            doc: dict = {"name": checked.name, "runs": [r.record for r in runs]}
+            if checked.measures:
+                doc["measures"] = [m.model_dump() for m in checked.measures]
             print(json.dumps(doc, indent=2))
         else:
-            measures = f"; {len(exp.measures)} measurements: {', '.join(m.name for m in exp.measures)}" if exp.measures else ""
-            out.print(f"{path}: ok (experiment {name!r}, {len(specs)} runs: {', '.join(s.name for s in specs)}{measures})")
+            listed = f"; {len(checked.measures)} measurements: {', '.join(m.name for m in checked.measures)}" if checked.measures else ""
+            out.print(f"{path}: ok{scope} (experiment {checked.name!r}, {len(runs)} runs: {', '.join(r.name for r in runs)}{listed})", markup=False, highlight=False)
         return
-    cfg = load_config(path, overrides)
-    _check_task(cfg)
+    cfg = runs[0].config
     if as_json:
         print(json.dumps(cfg.model_dump(), indent=2))
     else:
-        out.print(f"{path}: ok (experiment {cfg.name!r}, source {cfg.data.source!r})")
+        out.print(f"{path}: ok{scope} (experiment {cfg.name!r}, source {cfg.data.source!r})", markup=False, highlight=False)
 
 
-def _check_task(cfg) -> None:  # noqa: ANN001
-    """Import a plug-in task now, so a wrong path is an error of the config."""
-    from fedpriv.config import BUILTIN_TASKS
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """Errors inside name ``path`` (the config they come from) unless they already do, or name
+    the run directory they are about."""
+    from fedpriv.errors import ConfigChanged, TrainingDiverged
 
-    if cfg.task.kind not in BUILTIN_TASKS:
-        from fedpriv.tasks.registry import check_task
+    try:
+        yield
+    except (ConfigChanged, TrainingDiverged):
+        raise
+    except FedprivError as e:
+        if str(path) in str(e):
+            raise
+        raise FedprivError(f"{path}: {e}") from None
 
-        check_task(cfg)
+
+def _warn(message: str) -> None:
+    err.print(f"fedpriv: warning: {message}", markup=False, highlight=False, soft_wrap=True)
 
 
-def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str]) -> dict:
+_RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's checkpoint, metrics and parameters first (needed after a config change or a failed run).")
+
+
+def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
-    from fedpriv.config import load_config
+    from fedpriv.config import check_kind, load_config
+    from fedpriv.rundir import RunDir
     from fedpriv.runner.dispatch import train_run
     from fedpriv.runner.prepare import prepare
     from fedpriv.runner.summary import train_summary
 
     say = None if as_json else _say
     cfg = load_config(config, parse_options(set_, "--set"))
-    if kind == "federated" and cfg.federated is None:
-        raise FedprivError(f"{config}: no [federated] section (see experiments/fedavg-shakespeare.toml)")
-    prepared = prepare(cfg, log=say)
+    check_kind(cfg, kind, str(config))
     default = Path("runs") / (cfg.name if kind == "central" else f"{cfg.name}-federated")
     run_dir = out_dir or default
+    if restart:
+        RunDir(run_dir).reset()
+    prepared = prepare(cfg, log=say)
     result = train_run(prepared, run_dir, kind, engine, stop_after, say)
     return train_summary(prepared, kind, run_dir, result, engine)
 
@@ -217,10 +238,12 @@ def train_central_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
+    restart: bool = _RESTART,
     set_: list[str] = _set_option(),
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
-    summary = _train(config, "central", out, None, as_json, stop_after, set_)
+    with _naming(config):
+        summary = _train(config, "central", out, None, as_json, stop_after, set_, restart)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -234,10 +257,12 @@ def train_federated_cmd(
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
+    restart: bool = _RESTART,
     set_: list[str] = _set_option(),
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
-    summary = _train(config, "federated", out, engine, as_json, stop_after, set_)
+    with _naming(config):
+        summary = _train(config, "federated", out, engine, as_json, stop_after, set_, restart)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -252,14 +277,16 @@ def run_cmd(
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
+    restart: bool = typer.Option(False, "--restart", help="Start runs whose config changed, and failed runs, afresh (finished unchanged runs are kept)."),
     only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
-    from fedpriv.runner.store import run_experiment
+    from fedpriv.runner.store import failures, run_experiment
 
     say = None if as_json else _say
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
-    store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_, "--set"), stop_after, say, names)
+    with _naming(experiment):
+        store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_, "--set"), stop_after, say, restart, names)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -267,14 +294,22 @@ def run_cmd(
         written = write_report(store)
     if as_json:
         print(json.dumps({"store": str(store), "complete": complete, "runs": summaries, "report": str(written) if written else None}, indent=2))
-        return
-    if not complete:
+    elif not complete:
         again = f" --only {only}" if only else ""
         out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}{again}` again to resume ({store})")
-        return
-    if written is not None:
+    elif written is not None:
         out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
         out.print(f"report: {written}")
+    failed = failures(store, _run_names(store))
+    if failed:
+        listed = "; ".join(f"{n}: {why}" for n, why in failed.items())
+        raise FedprivError(f"{store}: {len(failed)} run(s) failed and are left out of the report ({listed}); fix their config and pass --restart")
+
+
+def _run_names(store: Path) -> list[str]:
+    from fedpriv.rundir import read_store_record
+
+    return [r["name"] for r in read_store_record(store)["runs"]]
 
 
 @app.command("report")
@@ -360,7 +395,13 @@ def demo(
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, set_, True, as_json, None, only)
+    run_cmd(config, out_dir, set_, True, as_json, None, False, only)
+
+
+def _one_line(message: str) -> str:
+    """``message`` with its line breaks escaped (a key or a path may hold one)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
 
 
 def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
@@ -375,13 +416,15 @@ def main(argv: list[str] | None = None) -> int:
     debug = os.environ.get("FEDPRIV_DEBUG") == "1"
     argv, verbose = _take_verbose(list(sys.argv[1:] if argv is None else argv))
     setup_logs(verbose or None)
+    if not debug and not verbose:  # dp-accounting's notes on RDP orders it skips are not the user's to act on
+        logging.getLogger("absl").setLevel(logging.ERROR)
     try:
         app(args=argv, standalone_mode=False, prog_name="fedpriv")
         return 0
     except FedprivError as e:
         if debug:
             raise
-        err.print(f"fedpriv: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        err.print(f"fedpriv: error: {_one_line(str(e))}", markup=False, highlight=False, soft_wrap=True)
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code
@@ -396,6 +439,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a path the user gave cannot be read or written (permissions, full disk, not a directory)
+        if debug:
+            raise
+        where = f"{e.filename}: " if e.filename else ""
+        err.print(f"fedpriv: error: {_one_line(f'{where}{e.strerror or e}')}", markup=False, highlight=False, soft_wrap=True)
+        return 2
     except Exception as e:  # noqa: BLE001 - one line, not a traceback, unless asked
         if debug:
             raise

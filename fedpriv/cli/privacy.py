@@ -14,8 +14,10 @@ from fedpriv.errors import PrivacyParameterError
 from fedpriv.privacy.accounting import (
     GaussianSteps,
     available_accountants,
+    PLDTooCostly,
     batch_size_sweep,
     calibrate_noise_multiplier,
+    check_pld_cost,
     delta_for,
     epsilon_for,
 )
@@ -68,6 +70,10 @@ def _event(event: Event, z: float, population: int, batch: Optional[float], step
 def _accountants(ev: GaussianSteps, which: Accountant) -> list[str]:
     have = available_accountants(ev)
     if which is Accountant.all:
+        try:
+            check_pld_cost([ev])
+        except PLDTooCostly:  # "all" answers with the accountants that answer in bounded time
+            return [a for a in have if a != "pld"]
         return have
     if which.value not in have:
         raise PrivacyParameterError(f"--accountant {which.value}: not available for {ev.sampling_text()} (use {', '.join(have)})")
@@ -175,6 +181,8 @@ def batch_sweep_cmd(
         sizes = [float(b) for b in batches.split(",") if b.strip()]
     except ValueError:
         raise PrivacyParameterError(f"--batches: expected comma-separated numbers, got {batches!r}") from None
+    if not sizes:
+        raise PrivacyParameterError(f"--batches: expected at least one batch size, got {batches!r}")
     template = _event(event, noise_multiplier, population, batch, steps, 1, 1, "example")
     rows = batch_size_sweep(template, sizes, delta, epochs, accountant.value)  # type: ignore[arg-type]
     if as_json:

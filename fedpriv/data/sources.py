@@ -110,6 +110,9 @@ def _loader(fmt: str) -> Callable[..., FederatedCorpus]:
 
 def _check_options(fn: Callable[..., Any], options: dict[str, Any], what: str) -> None:
     params = inspect.signature(fn).parameters
+    missing = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty and n not in options]
+    if missing:
+        raise SourceError(f"{what}: this source needs the option(s) {', '.join(missing)} (e.g. -o {missing[0]}=... or data.options)")
     if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
         return
     unknown = sorted(set(options) - set(params))

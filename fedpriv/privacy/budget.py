@@ -20,10 +20,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 from fedpriv.errors import FedprivError, PrivacyParameterError
-from fedpriv.privacy.accounting import AccountantName, GaussianSteps, PrivacyAnswer, check_delta, epsilon_for, resolve_noise_multiplier, steps_within_budget
+from fedpriv.privacy.accounting import AccountantName, GaussianSteps, PLDTooCostly, PrivacyAnswer, check_delta, check_pld_cost, epsilon_for, resolve_noise_multiplier, steps_within_budget
 from fedpriv.privacy.ledger import PrivacyLedger
 
 
@@ -55,6 +56,11 @@ class DPBudget:
         self.planned = template.steps
         self.noise_multiplier = resolve_noise_multiplier(template, noise_multiplier, target_epsilon, delta, accountant, say)
         self.event: GaussianSteps | None = replace(template, noise_multiplier=self.noise_multiplier, steps=1) if self.noise_multiplier > 0 else None
+        if accountant == "pld" and self.event is not None:  # every train row asks the accountant: refuse now what it cannot answer
+            try:
+                check_pld_cost([self.event.with_steps(self.planned)])
+            except PLDTooCostly as e:
+                raise PLDTooCostly(f"{key}.accountant = 'pld': {e}") from None
         self.max_steps = self.planned
         if epsilon_budget is not None:
             if self.event is None:
@@ -101,13 +107,17 @@ class DPBudget:
             self.ledger.save(path)
 
     def resume(self, path: str | os.PathLike[str], done: int) -> None:
-        """Restore the ledger of a run resumed after ``done`` steps; refuse one that does not
-        hold exactly ``done`` steps of this mechanism."""
+        """Restore the ledger of a run resumed after ``done`` steps; refuse one recorded with other
+        DP parameters. A ledger of this mechanism that holds another step count (a kill between
+        the checkpoint's write and the ledger's, or no ledger yet) is rebuilt as ``done`` steps of
+        it, and written back: the resumed run replays the steps after the checkpoint exactly, so those
+        are the steps released, and an uninterrupted run's ledger is the same."""
         if self.event is None:
             return
-        ledger = PrivacyLedger.load(path)
-        if ledger.steps != done:
-            raise FedprivError(f"{path}: the privacy ledger holds {ledger.steps} {self.step_word}s but the checkpoint is at {self.step_word} {done}; use a new run directory")
-        if ledger.entries and not ledger.entries[-1].same_mechanism(self.event):
+        ledger = PrivacyLedger.load(path) if Path(path).is_file() else PrivacyLedger()
+        if any(not e.same_mechanism(self.event) for e in ledger.entries):
             raise FedprivError(f"{path}: the privacy ledger was recorded with other DP parameters; use a new run directory")
+        if ledger.steps != done:  # written back now: a run resumed at its last step writes no more checkpoints
+            ledger = PrivacyLedger([self.event.with_steps(done)] if done else [])
+            ledger.save(path)
         self.ledger = ledger

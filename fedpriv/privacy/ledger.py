@@ -12,7 +12,7 @@ import os
 from dataclasses import asdict, fields
 from pathlib import Path
 
-from fedpriv.errors import DataFormatError
+from fedpriv.errors import DataFormatError, FedprivError
 from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.privacy.accounting import (
     AccountantName,
@@ -82,5 +82,8 @@ class PrivacyLedger:
         for i, raw in enumerate(obj["entries"]):
             if not isinstance(raw, dict) or set(raw) != names:
                 raise DataFormatError(path, f"entry {i}", f"expected the keys {sorted(names)}")
-            entries.append(GaussianSteps(**raw))
+            try:
+                entries.append(GaussianSteps(**raw))
+            except (FedprivError, TypeError, ValueError) as e:
+                raise DataFormatError(path, f"entry {i}", f"not a mechanism ({e})") from None
         return cls(entries)

@@ -38,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.errors import FedprivError
-from fedpriv.jsonio import read_json
 from fedpriv.memorization.audit import configuration_label
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
 from fedpriv.privacy.ledger import PrivacyLedger
@@ -46,7 +45,7 @@ from fedpriv.report import plots
 from fedpriv.report.chain import chains_markdown
 from fedpriv.report.intervals import Estimate, interval, paired_difference
 from fedpriv.report.measurements import write_measurements
-from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir
+from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir, read_store_record
 
 REPORT_DIR = "report"
 MAX_CURVES = 12  # DP runs drawn in epsilon_vs_parameters.png (one row of panels each)
@@ -91,6 +90,7 @@ class StoreContents:
     canaries: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     audit_settings: dict[str, Any] = field(default_factory=dict)
     ledgers: dict[str, list[GaussianSteps]] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)  # run name -> why (failed.json): never compared
     contrasts: list[dict[str, str]] = field(default_factory=list)
 
 
@@ -100,17 +100,19 @@ def read_store(store: Path) -> StoreContents:
     exp_path = store / EXPERIMENT
     if not exp_path.is_file():
         raise FedprivError(f"{store}: not a run store (no {EXPERIMENT}); make one with fedpriv run EXPERIMENT.toml --out {store}")
-    exp = read_json(exp_path, "experiment file")
-    if not isinstance(exp, dict) or not isinstance(exp.get("runs"), list):
-        raise FedprivError(f"{exp_path}: no list of runs")
-    out = StoreContents(str(exp.get("name", store.name)), exp["runs"], contrasts=list(exp.get("contrasts", [])))
+    exp = read_store_record(store)
+    out = StoreContents(exp["name"], exp["runs"], contrasts=list(exp.get("contrasts", [])))
     for run in out.runs:
         rd = RunDir(store / run["name"])
+        failed = rd.failure()
+        if failed is not None:
+            out.failed[run["name"]] = failed["reason"]
+            continue
         if not rd.has_summary():
             continue
         out.summaries[run["name"]] = rd.summary()
         if rd.has(AUDIT_JSON):
-            audit = rd.read_json(AUDIT_JSON, "audit report")
+            audit = rd.audit()
             out.canaries[run["name"]] = list(audit.get("canaries", []))
             out.audit_settings = out.audit_settings or dict(audit.get("settings", {}))
         if rd.has(LEDGER):
@@ -777,8 +779,10 @@ def write_report(store: str | os.PathLike[str]) -> Path:
         (out / "chains.md").write_text(chains, encoding="utf-8")
         notes.append("Runs start from earlier runs: chains.md has each pretrained encoder's stages, composed epsilon and fine-tuned F1.")
 
+    for name, why in contents.failed.items():
+        notes.append(f"Run {name} failed and is not compared: {why}.")
     if write_measurements(store, out) is not None:
         notes.append("Local privacy measurements (plausible deniability N_w / S_w, token inversion accuracy per eta): [measurements.md](measurements.md).")
-    md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, contents.summaries), notes, drawn, contents.audit_settings, contrasts)
+    md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, {**contents.summaries, **contents.failed}), notes, drawn, contents.audit_settings, contrasts)
     (out / "comparison.md").write_text(md, encoding="utf-8")
     return out

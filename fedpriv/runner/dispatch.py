@@ -5,12 +5,15 @@ benchmarks all train through :func:`train_run`."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable
 
 from fedpriv.central.train import train_prepared_central
 from fedpriv.engines.flower.simulation import run_flower_simulation
 from fedpriv.engines.vectorized import run_vectorized
+from fedpriv.config import check_kind
 from fedpriv.errors import ConfigError
+from fedpriv.runner.checks import check_prepared
 from fedpriv.runner.prepare import prepare
 from fedpriv.training.loop import LoopResult
 from fedpriv.training.prepared import Prepared
@@ -36,10 +39,14 @@ def train_run(
 
     ``kind``: central (SGD, or DP-SGD with ``[privacy]``) or federated (default: by the config's
     sections); ``engine``: vectorized or flower (default: ``federated.engine``). ``stop_after``:
-    stop with a checkpoint once this many steps or rounds are done in total."""
+    stop with a checkpoint once this many steps or rounds are done in total. The checks of
+    :mod:`fedpriv.runner.checks` run first; their warnings go to ``log`` (else stderr)."""
     kind = kind or run_kind(prepared)
     if kind not in KINDS:
         raise ConfigError(f"unknown run kind {kind!r}; choose one of {', '.join(KINDS)}")
+    check_kind(prepared.config, kind, f"experiment {prepared.config.name!r}")
+    for w in check_prepared(prepared, kind):
+        (log or (lambda m: print(f"fedpriv: {m}", file=sys.stderr)))(f"warning: {w}")
     if kind == "central":
         return train_prepared_central(prepared, run_dir, stop_after, log)
     if prepared.config.federated is None:

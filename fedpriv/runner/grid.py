@@ -65,7 +65,6 @@ import copy
 import itertools
 import os
 import re
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -73,7 +72,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, apply_overrides, set_key, validate_config, validate_measure
+from fedpriv.config import RUN_REF, DataConfig, ExperimentConfig, MeasureConfig, apply_overrides, name_problem, read_toml, set_key, validate_config, validate_measure
 from fedpriv.errors import ConfigError
 
 MEASURE_KEY = "measure"
@@ -86,7 +85,6 @@ TUNE_FRACTION = 0.25
 #: What a tune grid may vary: training settings, never the data (trials share the run's prepared data).
 TUNABLE = ("training.", "federated.", "privacy.")
 SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit")
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$")
 
 
 
@@ -222,8 +220,9 @@ def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
         for run in _expand_run(entry, f"{origin}: runs[{i}]"):
             name, kind = run.get("name"), run.get("kind")
             where = f"{origin}: run {name!r}"
-            if not isinstance(name, str) or not _NAME.match(name):
-                raise ConfigError(f"{origin}: runs[{i}]: name {name!r} must be letters, digits and _.=+- (it names a directory)")
+            problem = name_problem(name)
+            if problem:
+                raise ConfigError(f"{origin}: runs[{i}]: {problem}")
             if kind not in ("central", "federated"):
                 raise ConfigError(f"{where}: kind must be 'central' or 'federated', got {kind!r}")
             merged = copy.deepcopy(base)
@@ -394,12 +393,7 @@ def read_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
 
 def _read_raw(path: str | os.PathLike[str], overrides: dict[str, Any] | None) -> tuple[str, dict[str, Any], str]:
     path = Path(path)
-    try:
-        raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except tomllib.TOMLDecodeError as e:
-        raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    raw = read_toml(path)
     apply_overrides(raw, overrides)
     if "name" not in raw:
         raise ConfigError(f"{path}: an experiment needs a name")

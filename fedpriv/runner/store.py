@@ -6,7 +6,9 @@ Store layout (default ``runs/NAME``)::
     <run>/run-config.json  the run's resolved experiment config
     <run>/config.json, metrics.jsonl, checkpoint*, params.msgpack, privacy ledger, canaries.json
     <run>/audit.json, audit.md
+    <run>/empirical.json   the empirical privacy audit ([audit] empirical)
     <run>/summary.json     written last: the run is complete
+    tune/GROUP.json, tune/GROUP/<i>/   a run's learning-rate trials (:mod:`fedpriv.runner.tune`)
     measure/<name>/        each [[measure]] of the experiment: measure.json, deniability.png
                            (:mod:`fedpriv.runner.measure`), computed once every run finished
 
@@ -14,38 +16,35 @@ Runs go in file order. A run with ``summary.json`` is skipped; a run with final 
 summary is audited; any other run trains, resuming from its last checkpoint (the trainers resume
 exactly, so an interrupted store ends with the same numbers as an uninterrupted one). The data is
 prepared once per distinct (data, vocab, task, canaries) setting and shared by the runs that use it.
+
+A run whose training diverges (non-finite loss or parameters) is marked failed (``failed.json``),
+the other runs go on, and the report leaves it out; a later ``fedpriv run`` skips it. A store
+refuses a run whose config changed since it started, naming the changed keys; ``restart``
+(``fedpriv run --restart``) starts such runs, and failed ones, afresh.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fedpriv.config import validate_config
-from fedpriv.errors import FedprivError
+from fedpriv.config import changed_keys, check_kind, normalized_config
+from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.jsonio import write_json_atomic
-from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir
+from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir, read_store_record
 from fedpriv.runner.audit import audit_run, auditable, empirical_audit
+from fedpriv.runner.checks import data_key, in_run
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.grid import RunSpec, read_experiment, resolve_run_refs, run_refs, select_runs
 from fedpriv.runner.measure import check_measures, run_measures
 from fedpriv.runner.prepare import prepare
 from fedpriv.runner.summary import run_summary
-from fedpriv.runner.tune import tune_run, tuned_spec
+from fedpriv.runner.tune import reset_tuning, tune_run, tuned_spec
 from fedpriv.training.prepared import Prepared
-
-
-def _data_key(spec: RunSpec) -> str:
-    c = spec.config
-    audit = c.audit
-    empirical = [c.audit_canary_kind(), audit.empirical_canaries, audit.empirical_words] if audit.empirical else None
-    return json.dumps([c.name, c.seed, c.data.model_dump(), c.vocab.model_dump(), c.task.model_dump(), c.canaries.model_dump() if c.canaries else None,
-                       c.privatize.model_dump() if c.privatize else None, empirical], sort_keys=True)
 
 
 def _train(spec: RunSpec, prepared: Prepared, run: RunDir, stop_after: int | None, log: Callable[[str], None]) -> bool:
@@ -58,26 +57,37 @@ def _train(spec: RunSpec, prepared: Prepared, run: RunDir, stop_after: int | Non
     return run.has_params()
 
 
-def _normalized(raw: dict[str, Any]) -> dict[str, Any]:
-    """A stored run config re-validated, so keys a newer schema adds with their defaults compare equal."""
-    try:
-        return validate_config(raw).model_dump()
-    except FedprivError:
-        return raw
-
-
-def check_store(store: Path, name: str, specs: list[RunSpec]) -> None:
-    """Refuse a store that holds another experiment, or a run whose config changed."""
+def check_store(store: Path, name: str, specs: list[RunSpec], restart: bool = False) -> list[str]:
+    """Refuse a store that holds another experiment, or a run whose config changed (naming the
+    changed keys); with ``restart``, return the names of the changed runs instead (to start afresh)."""
     path = store / EXPERIMENT
     if not path.is_file():
-        return
-    old = json.loads(path.read_text())
-    if old.get("name") != name:
-        raise FedprivError(f"{store} holds experiment {old.get('name')!r}, not {name!r}; use another --out")
-    before = {r["name"]: _normalized(r["config"]) for r in old.get("runs", [])}
+        return []
+    old = read_store_record(store)
+    if old["name"] != name:
+        raise FedprivError(f"{store} holds experiment {old['name']!r}, not {name!r}; use another --out")
+    before = {r["name"]: normalized_config(r["config"]) for r in old["runs"]}
+    changed_runs = []
     for s in specs:
-        if s.name in before and before[s.name] != s.raw and (store / s.name).exists():
-            raise FedprivError(f"{store / s.name}: the run's config changed since it was started; delete that directory or use another --out")
+        if s.name not in before or not (store / s.name).exists():
+            continue
+        changed = changed_keys(before[s.name], normalized_config(s.raw))
+        if changed and not restart:
+            keys = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+            raise ConfigChanged(f"{store / s.name}: the run's config changed since it was started ({keys}); pass --restart to start it afresh, or use another --out")
+        if changed:
+            changed_runs.append(s.name)
+    return changed_runs
+
+
+def failures(store: str | os.PathLike[str], names: list[str]) -> dict[str, str]:
+    """Run name -> why it failed, for the runs of ``names`` marked failed in ``store``."""
+    out = {}
+    for n in names:
+        failed = RunDir(Path(store) / n).failure()
+        if failed is not None:
+            out[n] = failed["reason"]
+    return out
 
 
 def run_experiment(
@@ -86,21 +96,37 @@ def run_experiment(
     overrides: dict[str, Any] | None = None,
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
+    restart: bool = False,
     only: list[str] | None = None,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
     (see the module docstring). ``stop_after``: stop the first run that trains once it has done
-    this many more steps or rounds, with a checkpoint (a kill). ``only``: these runs (by name)
-    and no other; a run they start from must be among them or finished already.
-    Returns (store, summaries of the finished runs, whether every run finished)."""
+    this many more steps or rounds, with a checkpoint (a kill). ``restart``: start runs whose
+    config changed, and failed runs, afresh. ``only``: these runs (by name) and no other; a run
+    they start from must be among them or finished already.
+    Returns (store, summaries of the finished runs, whether every run finished or failed:
+    :func:`failures` names the failed ones)."""
     say = log or (lambda _m: None)
     experiment = read_experiment(path, overrides)
     name, specs, measures = experiment.name, experiment.runs, experiment.measures
+    for spec in specs:
+        check_kind(spec.config, spec.kind, f"{path}: run {spec.name!r}")
     store = Path(store) if store is not None else Path("runs") / name
     chosen = select_runs(specs, only, lambda ref: RunDir(store / ref).has_summary())
     store.mkdir(parents=True, exist_ok=True)
-    check_store(store, name, specs)
+    fresh = check_store(store, name, specs, restart)
+    left_out = [n for n in fresh if n not in {s.name for s in chosen}]
+    if left_out:  # its record would be replaced while its files stay those of the old config
+        raise ConfigChanged(f"{store / left_out[0]}: the run's config changed too; add it to --only (or leave --only out) to start it afresh")
+    if restart:
+        fresh += list(failures(store, [s.name for s in chosen]))
     check_measures(store, measures)
+    by_name = {s.name: s for s in specs}
+    for n in fresh:
+        say(f"[{n}] starting afresh")
+        RunDir(store / n).reset()
+        if by_name[n].tune:  # its learning rates are chosen again, for the config it now has
+            reset_tuning(store, by_name[n].group or n)
     record = {"name": name, "source": str(path), "overrides": overrides or {}, "runs": [s.record() for s in specs]}
     if measures:
         record["measures"] = [m.model_dump() for m in measures]
@@ -123,28 +149,37 @@ def run_experiment(
             summaries.append(run.summary())
             say(f"{tag} complete, skipped")
             continue
+        failed = run.failure()
+        if failed is not None:
+            say(f"{tag} failed earlier, skipped ({failed['reason']}); pass --restart to train it afresh")
+            continue
         run.create()
         refs = run_refs(spec.config)
         spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
-        key = _data_key(spec)
+        key = data_key(spec.config)
+        where = f"{path}: run {spec.name!r}"
         if key not in prepared_by_key:
-            prepared_by_key[key] = prepare(spec.config, prefixed)
+            prepared_by_key[key] = in_run(where, prepare, spec.config, prefixed)
         tuned = None
         if spec.tune:  # learning rates chosen on the validation users; recorded in STORE/tune/
-            tuned = tune_run(spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)
+            tuned = in_run(where, tune_run, spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)
             spec = tuned_spec(spec, tuned)
         run.write_json(RUN_CONFIG, spec.raw)
         prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
         t0 = time.perf_counter()
         if not run.has_params():
-            done = _train(spec, prepared, run, stop_after, prefixed)
+            try:
+                done = in_run(where, _train, spec, prepared, run, stop_after, prefixed if log else None)
+            except TrainingDiverged as e:
+                say(f"{tag} failed: {e}")
+                continue
             if not done:
                 say(f"{tag} stopped with a checkpoint; run the same command again to resume")
                 return store, summaries, False
         if auditable(spec.config):
-            audit_run(run.path, log=prefixed, prepared=prepared)
+            in_run(where, audit_run, run.path, None, prefixed, prepared)
         if spec.config.audit.empirical and not run.has(EMPIRICAL):
-            empirical_audit(run.path, log=prefixed, prepared=prepared)
+            in_run(where, empirical_audit, run.path, prefixed, prepared)
         summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
         if tuned is not None:
             summary["tuned"] = {"winner": tuned["winner"], "metric": tuned["metric"], "record": f"{TUNE_DIR}/{tuned['group']}.json"}

@@ -7,7 +7,7 @@ import os
 from typing import Any
 
 from fedpriv.config import VALIDATION, ExperimentConfig
-from fedpriv.rundir import CONFIG, DATA, EMPIRICAL, PRIVATIZE, TOKENIZER, VOCABULARY, RunDir, along_audit
+from fedpriv.rundir import EMPIRICAL, PRIVATIZE, TOKENIZER, VOCABULARY, RunDir, along_audit
 from fedpriv.strategies.server import STRATEGY_LABELS
 from fedpriv.tasks.base import degenerate
 from fedpriv.tasks.nwp import unigram_perplexity
@@ -41,14 +41,15 @@ def run_summary(
         out["eval_source"] = c.data.eval_source
     if starts_from:
         out["starts_from"] = dict(starts_from)
-    if run.has(DATA) and run.read_json(DATA).get("notes"):  # choices the data preparation made on its own
-        out["data_notes"] = run.read_json(DATA)["notes"]
+    data = run.data_record()
+    if data is not None and data["notes"]:  # choices the data preparation made on its own
+        out["data_notes"] = data["notes"]
     if run.has(PRIVATIZE):  # local privatization of the training text, with its guarantee
-        out["privatize"] = run.read_json(PRIVATIZE)
+        out["privatize"] = run.record(PRIVATIZE, "privatization record")
     if run.has(VOCABULARY):  # the run learned its vocabulary: the full record (raw-data figures included)
-        out["vocabulary"] = run.read_json(VOCABULARY)
+        out["vocabulary"] = run.record(VOCABULARY, "vocabulary record")
     elif run.has(TOKENIZER):  # inherited with the tokenizer: what a released tokenizer carries
-        out["vocabulary"] = run.read_json(TOKENIZER).get("vocabulary")
+        out["vocabulary"] = run.record(TOKENIZER, "tokenizer file").get("vocabulary")
     out["privacy_unit"] = privacy_unit(c, kind)
     if kind == "central":
         out.update(algorithm="DP-SGD" if c.privacy else "SGD", order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
@@ -65,8 +66,7 @@ def run_summary(
         out.update({k: train[-1][k] for k in ("epsilon", "delta", "guarantee")})
     if train and train[-1].get("client_epsilon") is not None:  # client-side DP-SGD (record-level)
         out.update({k: train[-1][k] for k in ("client_epsilon", "client_delta", "client_guarantee")})
-    meta = run.read_json(CONFIG, "run config") if run.has(CONFIG) else {}
-    metric, label = meta.get("utility") or ("accuracy", "accuracy")
+    metric, label = run.utility()
     out.update(utility_metric=metric, utility_label=label)
     test = [r for r in evals if r["split"] != VALIDATION]
     if test:
@@ -86,7 +86,7 @@ def run_summary(
     if audit is not None:
         out["audit"] = audit
     if run.has(EMPIRICAL):
-        out["empirical"] = run.read_json(EMPIRICAL, "empirical audit")
+        out["empirical"] = run.empirical()
     along = along_points(run, metric, validation, test)
     if along:
         out["along"] = along
@@ -112,7 +112,7 @@ def along_points(run: RunDir, metric: str, validation: list[dict[str, Any]], tes
     for step in run.snapshot_steps():
         if not run.has(along_audit(step)):
             continue
-        total = run.read_json(along_audit(step), "audit")["summary"]["total"]
+        total = run.along_audit(step)["summary"]["total"]
         at = lambda rows: next((r.get(metric) for r in rows if r["step"] == step), None)  # noqa: E731
         out.append({"step": step, "validation_utility": at(validation), "utility": at(test), **total})
     return out

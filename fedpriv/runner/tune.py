@@ -12,12 +12,15 @@ Everything is recorded in the run store: the trials' run directories under
 validation utility, the winner, the metric, the fraction), and the run's ``run-config.json``
 holds the config it trained with. With ``seeds``, a group is tuned once, on its first seed's
 data, and every seed trains with that winner. A finished trial is not trained again, so an
-interrupted tuning resumes.
+interrupted tuning resumes. A trial whose training diverges (non-finite loss or parameters) is
+marked failed in its directory and loses (validation utility -inf). A tuning record read back is
+checked: its winner must be a candidate of the run's own grid (a store is data, not instructions).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import dataclasses
 import itertools
 import math
@@ -26,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.config import VALIDATION, validate_config
+from fedpriv.errors import DataFormatError, TrainingDiverged
 from fedpriv.jsonio import read_json, write_json_atomic
-from fedpriv.rundir import CONFIG, TUNE_DIR, RunDir
+from fedpriv.rundir import NUM, TUNE_DIR, Each, Obj, RunDir, expect_shape
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.grid import RunSpec, set_path
 from fedpriv.training.prepared import Prepared
@@ -67,19 +71,23 @@ def tune_run(spec: RunSpec, prepared: Prepared, store: Path, log: Callable[[str]
     group = spec.group or spec.name
     path = store / TUNE_DIR / f"{group}.json"
     if path.is_file():
-        return read_json(path, "tuning record")
+        return read_tuning(path, spec)
     trials = []
+    metric = None
     for i, values in enumerate(candidates(spec.tune or {})):
         cfg = validate_config(trial_config(spec.raw, values, spec.tune_fraction, spec.kind), f"run {spec.name!r} tune candidate {values}")
         run = RunDir(store / TUNE_DIR / group / str(i))
-        if not run.has_params():
+        if not run.has_params() and run.failure() is None:
             log(f"tuning {group}: candidate {i + 1} {values}")
-            train_run(dataclasses.replace(prepared, config=cfg), run.path, spec.kind, log=log)
-        utility = final_validation_utility(run)
+            try:
+                train_run(dataclasses.replace(prepared, config=cfg), run.path, spec.kind, log=log)
+            except TrainingDiverged as e:
+                log(f"tuning {group}: candidate {i + 1} {values} diverged ({e})")
+        utility = float("-inf") if run.failure() is not None else final_validation_utility(run)
+        metric = metric or (None if run.failure() is not None else utility_metric(run))
         log(f"tuning {group}: candidate {i + 1} {values}: validation utility {utility:.4g}")
         trials.append({"values": values, "validation_utility": utility, "run_dir": str(run.path.relative_to(store))})
     best = max(range(len(trials)), key=lambda i: (trials[i]["validation_utility"], -i))
-    metric = RunDir(store / trials[0]["run_dir"]).read_json(CONFIG)["utility"][0]
     record = {"group": group, "keys": list(spec.tune or {}), "fraction": spec.tune_fraction, "split": VALIDATION, "metric": metric,
               "candidates": trials, "winner": trials[best]["values"]}
     write_json_atomic(path, record, indent=1)
@@ -87,9 +95,39 @@ def tune_run(spec: RunSpec, prepared: Prepared, store: Path, log: Callable[[str]
     return record
 
 
+def reset_tuning(store: Path, group: str) -> None:
+    """Forget ``group``'s tuning (``--restart`` of a changed run): its record and its trials' run files."""
+    (store / TUNE_DIR / f"{group}.json").unlink(missing_ok=True)
+    trials = store / TUNE_DIR / group
+    if trials.is_dir():
+        for d in trials.iterdir():
+            if d.is_dir() and d.name.isdigit():
+                RunDir(d).reset()
+
+
+TUNING_SHAPE = Obj({
+    "group": (str,), "keys": Each((str,), list_=True), "fraction": NUM, "split": (str,), "metric": (str, type(None)),
+    "candidates": Each(Obj({"values": (dict,), "validation_utility": NUM, "run_dir": (str,)}, ("values", "validation_utility")), list_=True),
+    "winner": (dict,),
+}, ("group", "candidates", "winner"))
+
+
+def read_tuning(path: Path, spec: RunSpec) -> dict[str, Any]:
+    """A tuning record read back, checked for shape; its winner must be a candidate of ``spec``'s grid."""
+    record = expect_shape(read_json(path, "tuning record"), path, "tuning record", TUNING_SHAPE)
+    if record["winner"] not in candidates(spec.tune or {}):
+        raise DataFormatError(path, None, f"the winner {json.dumps(record['winner'])[:80]} is not a candidate of run {spec.name!r}'s tune grid; delete the file (or pass --restart) to tune again")
+    return record
+
+
+def utility_metric(run: RunDir) -> str:
+    """The headline utility metric the trial recorded (``config.json``'s ``utility``)."""
+    return run.utility()[0]
+
+
 def final_validation_utility(run: RunDir) -> float:
     """The headline utility of a finished trial on the validation users, at its end."""
-    metric = run.read_json(CONFIG)["utility"][0]
+    metric = utility_metric(run)
     rows = [r for r in run.metrics() if r.get("split") == VALIDATION]
     return float(rows[-1][metric]) if rows else float("-inf")
 

@@ -24,10 +24,18 @@ Everything a step depends on is a function of (config, seed, step index), so a r
 checkpoint and resumed ends with exactly the parameters and ``metrics.jsonl`` of an uninterrupted
 run. ``stop_after`` imitates such a kill (a checkpoint and nothing else), for tests and for
 ``--stop-after``.
+
+What the loop refuses: resuming with another config than ``config.json`` records (naming the
+changed keys; :data:`RESUMABLE_CHANGES` may change), and a run marked failed. A step whose train
+loss is not finite, or parameters that are not finite when they would be checkpointed, evaluated
+or written, stop the run with :class:`~fedpriv.errors.TrainingDiverged`: ``failed.json`` records
+why, the last checkpoint (all finite) stays, and no final parameters are written.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -35,11 +43,41 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
-from fedpriv.errors import FedprivError
+from fedpriv.config import changed_keys, normalized_config
+from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.rundir import RunDir
 from fedpriv.tasks.base import Batch, Params, Task, add_sums, degenerate, pad_batch
+
+
+#: ``config.json`` keys a resumed run may change: they do not change what is trained (the engines
+#: train the same rounds; the audit runs after training).
+RESUMABLE_CHANGES = ("engine", "experiment.federated.engine", "experiment.federated.flower", "experiment.audit")
+RESTART_HINT = "pass --restart to start afresh (or use another --out)"
+
+
+@jax.jit
+def all_finite(tree: Any) -> jax.Array:
+    """True when every floating-point leaf of ``tree`` is finite."""
+    leaves = [jnp.all(jnp.isfinite(x)) for x in jax.tree.leaves(tree) if jnp.issubdtype(jnp.asarray(x).dtype, jnp.inexact)]
+    return jnp.all(jnp.stack(leaves)) if leaves else jnp.asarray(True)
+
+
+def check_resumable(run: RunDir, config_meta: Mapping[str, Any]) -> None:
+    """Refuse to resume ``run`` with a config other than the one its ``config.json`` records."""
+    old = run.config_meta()
+    if old is None:
+        return
+    new = json.loads(json.dumps(dict(config_meta)))
+    if "experiment" in old and "experiment" in new:
+        old = {**old, "experiment": normalized_config(old["experiment"])}
+        new = {**new, "experiment": normalized_config(new["experiment"])}
+    changed = list(dict.fromkeys(k.removeprefix("experiment.") for k in changed_keys(old, new, RESUMABLE_CHANGES)))
+    if changed:
+        keys = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
+        raise ConfigChanged(f"{run.path}: the config changed since this run started ({keys}); {RESTART_HINT}")
 
 
 def init_key(seed: int) -> jax.Array:
@@ -58,9 +96,11 @@ def gather(arrays: Batch, idx: np.ndarray, size: int) -> Batch:
 
 
 def evaluate(task: Task, params: Params, arrays: Batch, batch_size: int, sums_fn: Callable | None = None) -> dict[str, float]:
-    """Summarized metrics of ``task`` over all rows of ``arrays`` (batched, padded, masked)."""
+    """Summarized metrics of ``task`` over all rows of ``arrays`` (batched, padded, masked; a batch
+    is never padded beyond the rows there are)."""
     fn = sums_fn or jax.jit(task.metric_sums)
     n = len(arrays["mask"])
+    batch_size = max(1, min(batch_size, n))
     total: dict[str, float] = {}
     for start in range(0, n, batch_size):
         idx = np.arange(start, min(start + batch_size, n))
@@ -190,13 +230,17 @@ def run_loop(
     if target is not None and target.split not in (eval_sets or {}):
         raise FedprivError(f"utility target on {target.split!r}, but the run evaluates only on {', '.join(eval_sets or {}) or 'nothing'}")
     run.create()
+    failed = run.failure()
+    if failed is not None:
+        raise FedprivError(f"{run.path}: this run failed ({failed['reason']}); {RESTART_HINT}")
     state = stepper.init_state(task.init_params(init_key(seed)))
     start, pending, kept_stop = 0, [], None
     resumed = run.load_checkpoint(state)
     if resumed is not None:
         state, meta = resumed
         if meta.get("kind", "central") != stepper.kind:
-            raise FedprivError(f"{run.path} holds a checkpoint of a {meta.get('kind', 'central')} run, not a {stepper.kind} one; use a new run directory")
+            raise FedprivError(f"{run.path} holds a checkpoint of a {meta.get('kind', 'central')} run, not a {stepper.kind} one; {RESTART_HINT}")
+        check_resumable(run, config_meta)
         start = int(meta["step"])
         pending = list(meta.get("pending", []))
         kept_stop = meta.get("stopped")
@@ -217,13 +261,31 @@ def run_loop(
     done = start
     stopped = kept_stop or (stepper.stop_reason(start) if start else None)
     t0 = time.perf_counter()
+
+    def check_finite(what: str, value: Any = None) -> None:
+        if what == "loss":
+            if not isinstance(value, (float, np.floating)) or math.isfinite(value):
+                return
+            problem = f"the train loss is {value}"
+        elif bool(all_finite(state_params(state))):
+            return
+        else:
+            problem = "the parameters hold non-finite values"
+        meta = run.checkpoint_meta()
+        kept = int(meta["step"]) if meta is not None else None
+        reason = f"training diverged at {stepper.unit} {done} of {stepper.total}: {problem}"
+        run.write_failure(reason, done, kept)
+        where = f"the checkpoint at {stepper.unit} {kept} is kept" if kept else "no checkpoint was written before"
+        raise TrainingDiverged(f"{run.path}: {reason}; the run is marked failed ({where}); lower the learning rate, then {RESTART_HINT}")
+
     try:
         for index in range(start, stepper.total):
             if stopped:
                 break
             state, info = stepper.step(state, index)
-            pending.append(info)
             done = index + 1
+            check_finite("loss", info.get("loss"))
+            pending.append(info)
             stopped = stepper.stop_reason(done)
             halt = stop_after is not None and done >= stop_after and done < stepper.total
             end = done == stepper.total or stopped
@@ -235,6 +297,8 @@ def run_loop(
                 history.append(row)
                 evals = []
                 if done % stepper.eval_every == 0 or end:
+                    if eval_sets:
+                        check_finite("params")
                     for name, arrays in eval_sets.items():
                         last_eval = {**place, "split": name, **evaluate(task, state_params(state), arrays, eval_batch_size, sums_fn)}
                         run.append_metrics(last_eval)
@@ -249,6 +313,7 @@ def run_loop(
                         end = True
                 progress.note(stepper.describe(done, row, evals, time.perf_counter() - t0, done - start))
             if done % stepper.checkpoint_every == 0 or end or halt:
+                check_finite("params")
                 run.save_checkpoint(state, {"step": done, "kind": stepper.kind, "pending": pending, **({"stopped": stopped} if stopped else {})})
                 stepper.save(run, done)
             progress.advance(done, f"loss {info['loss']:.3f}" if isinstance(info.get("loss"), float) else "")

@@ -152,8 +152,8 @@ def test_set_overrides_reach_the_resolved_config(capsys):
     assert main(["config", "check", QUICK, "--json", "--set", "training.steps=7", "--set", "data.options={\"unit\": \"turn\"}"]) == 0
     cfg = json.loads(capsys.readouterr().out)
     assert cfg["training"]["steps"] == 7 and cfg["data"]["options"] == {"unit": "turn"}
-    assert main(["config", "check", "experiments/demo.toml", "--json", "--set", "vocab.seq_len=9"]) == 0
-    assert {r["config"]["vocab"]["seq_len"] for r in json.loads(capsys.readouterr().out)["runs"]} == {9}
+    assert main(["config", "check", "experiments/demo.toml", "--json", "--set", "vocab.seq_len=12"]) == 0  # (at least extraction_prefix + extraction_suffix = 10)
+    assert {r["config"]["vocab"]["seq_len"] for r in json.loads(capsys.readouterr().out)["runs"]} == {12}
     assert main(["config", "check", QUICK, "--set", "vocab"]) == 2
     assert "--set 'vocab': expected KEY=VALUE" in capsys.readouterr().err
     assert main(["config", "check", QUICK, "--set", "vocab.size.x=1"]) == 2

@@ -53,6 +53,7 @@ def test_calibrate_and_sweep(capsys):
     [
         (["-e", "dpfedavg-fixed", "-z", "1", "-N", "100", "-B", "500", "--steps", "5", "--delta", "1e-5"], "m = 500 users without replacement from N = 100"),
         (["-e", "dpsgd-poisson", "-z", "0", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5"], "noise_multiplier must be > 0"),
+        (["-e", "dpsgd-poisson", "-z", "1e-6", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5"], "noise_multiplier must be >= 0.001"),  # (once a ZeroDivisionError)
         (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1.5"], "delta must be in (0, 1)"),
         (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "0", "--delta", "1e-5"], "steps must be an integer >= 1"),
         (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "--steps", "5", "--delta", "1e-5"], "--batch is required"),

@@ -94,6 +94,12 @@ def test_refusals_are_one_line_and_write_nothing(tmp_path, capsys, args, message
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+def test_an_out_folder_that_cannot_be_made_is_one_line(capsys):
+    """(Once a FileNotFoundError on the staging file.) /proc refuses new folders, even to root."""
+    code, _, err = run(capsys, "shakespeare", "--size", 100, "--out", "/proc/fedpriv-nope/v")
+    assert code == 2 and err.startswith("fedpriv: error: /proc/fedpriv-nope") and err.count("\n") == 1, err
+
+
 def test_build_vocab_api_on_a_corpus(tmp_path):
     from fedpriv.data.shakespeare import load_shakespeare
 

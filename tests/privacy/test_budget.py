@@ -4,6 +4,8 @@ against dp_accounting directly."""
 
 from __future__ import annotations
 
+import json
+
 import dp_accounting
 import pytest
 
@@ -73,16 +75,35 @@ def test_no_noise_records_nothing_and_says_so():
     assert b.report()["epsilon"] is None and "none" in b.report()["guarantee"]
 
 
-def test_resume_restores_the_ledger_and_refuses_one_that_does_not_match(tmp_path):
-    path = tmp_path / "ledger.json"
+def uninterrupted(steps: int) -> DPBudget:
     b = DPBudget(template(), 1.1, None, DELTA)
-    for _ in range(4):
+    for _ in range(steps):
         b.record()
+    return b
+
+
+def test_resume_restores_the_ledger_and_refuses_one_of_other_parameters(tmp_path):
+    path = tmp_path / "ledger.json"
+    b = uninterrupted(4)
     b.save(path)
     again = DPBudget(template(), 1.1, None, DELTA)
     again.resume(path, 4)
-    assert again.report() == b.report()
-    with pytest.raises(FedprivError, match="holds 4 steps but the checkpoint is at step 5"):
-        DPBudget(template(), 1.1, None, DELTA).resume(path, 5)
+    assert again.report() == b.report() and again.ledger.to_json() == b.ledger.to_json()
     with pytest.raises(FedprivError, match="other DP parameters"):
         DPBudget(template(), 1.2, None, DELTA).resume(path, 4)
+
+
+@pytest.mark.parametrize("done", [0, 3, 5])
+def test_a_ledger_one_write_off_its_checkpoint_is_the_checkpoints_steps(tmp_path, done):
+    """A kill between the checkpoint's write and the ledger's leaves the ledger behind (or, had the
+    order been the other, ahead); the resumed run's ledger is an uninterrupted run's at that step."""
+    path = tmp_path / "ledger.json"
+    uninterrupted(4).save(path)
+    resumed = DPBudget(template(), 1.1, None, DELTA)
+    resumed.resume(path, done)
+    assert resumed.ledger.to_json() == uninterrupted(done).ledger.to_json()
+    assert resumed.report() == uninterrupted(done).report()
+    assert json.loads(path.read_text()) == uninterrupted(done).ledger.to_json()  # written back (a run resumed at its end saves no more)
+    missing = DPBudget(template(), 1.1, None, DELTA)
+    missing.resume(tmp_path / "none.json", done)  # killed before the first ledger write
+    assert missing.ledger.to_json() == uninterrupted(done).ledger.to_json()

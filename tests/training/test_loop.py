@@ -1,5 +1,6 @@
 """The one training loop, with a stepper whose arithmetic is known: row and evaluation cadence,
-exact resume (metrics and parameters), the budget stop, and refusing another kind's checkpoint."""
+exact resume (metrics and parameters), the budget stop, refusing another kind's checkpoint or a
+changed config, and failing a run whose loss or parameters become non-finite."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedpriv.errors import FedprivError
+from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.rundir import RunDir
 from fedpriv.tasks.base import Task
 from fedpriv.training.loop import Stepper, run_loop
@@ -100,6 +101,51 @@ def test_a_checkpoint_of_another_kind_is_refused(tmp_path):
     RunDir(tmp_path).save_checkpoint({"params": {"w": np.zeros(())}}, {"step": 1, "kind": "federated"})
     with pytest.raises(FedprivError, match="checkpoint of a federated run"):
         run_loop(AddStepper(3, 1, 1, 1), CountTask(), RunDir(tmp_path), 0, {}, None, 8)
+
+
+class BlowUpStepper(AddStepper):
+    """AddStepper whose step ``at`` (1-based) makes w infinite; ``loss_too``: and reports loss NaN."""
+
+    def __init__(self, total: int, checkpoint_every: int, at: int, loss_too: bool):
+        super().__init__(total, 1, 100, checkpoint_every)
+        self.at, self.loss_too = at, loss_too
+
+    def step(self, state, index):
+        state, info = super().step(state, index)
+        if index + 1 >= self.at:
+            state = {"params": {"w": state["params"]["w"] * jnp.inf}}
+            if self.loss_too and index + 1 > self.at:
+                info = {"loss": float("nan")}
+        return state, info
+
+
+@pytest.mark.parametrize("loss_too", [True, False], ids=["loss", "params"])
+def test_a_diverged_run_fails_keeps_its_last_checkpoint_and_writes_no_parameters(tmp_path, loss_too):
+    run = RunDir(tmp_path)
+    with pytest.raises(TrainingDiverged, match="training diverged at step") as e:
+        run_loop(BlowUpStepper(10, 3, at=5, loss_too=loss_too), CountTask(), run, 0, {}, EVAL, 8)
+    # the loss is checked every step (NaN at step 6); the parameters where they would be kept (step 6)
+    assert "step 6 of 10" in str(e.value) and "the checkpoint at step 3 is kept" in str(e.value)
+    assert run.checkpoint_meta()["step"] == 3 and not run.has_params()
+    state, _ = run.load_checkpoint({"params": {"w": jnp.zeros(())}})
+    assert float(state["params"]["w"]) == 6.0  # 1 + 2 + 3: finite
+    assert run.failure()["step"] == 6 and "diverged" in run.failure()["reason"]
+    assert all(r["step"] <= 6 and np.isfinite(r["loss"]) for r in run.metrics() if r["split"] == "train")
+    with pytest.raises(FedprivError, match="this run failed .*pass --restart"):
+        run_loop(AddStepper(10, 1, 100, 3), CountTask(), run, 0, {}, EVAL, 8)
+    run.reset()  # what --restart does
+    assert run_loop(AddStepper(10, 1, 100, 3), CountTask(), run, 0, {}, EVAL, 8).done == 10
+
+
+def test_resuming_with_another_config_is_refused_naming_the_keys(tmp_path):
+    run = RunDir(tmp_path)
+    meta = {"experiment": {"seed": 0, "training": {"learning_rate": 0.1, "steps": 10}, "federated": None, "audit": {"rs_candidates": 5}}}
+    run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, meta, EVAL, 8, stop_after=4)
+    changed = {"experiment": {**meta["experiment"], "seed": 1, "training": {"learning_rate": 0.2, "steps": 10}}}
+    with pytest.raises(ConfigChanged, match=r"the config changed since this run started \(seed, training.learning_rate\); pass --restart"):
+        run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, changed, EVAL, 8)
+    audit_only = {"experiment": {**meta["experiment"], "audit": {"rs_candidates": 50}}, "engine": "flower"}
+    assert run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, audit_only, EVAL, 8).done == 10  # nothing trained differs
 
 
 def test_a_utility_target_stops_at_the_first_evaluation_that_reaches_it(tmp_path):

@@ -39,7 +39,7 @@ from fedpriv.config import ExperimentConfig, load_config
 from fedpriv.engines.cohort import CohortUpdate
 from fedpriv.engines.flower.strategy import ARRAYS, CONFIG, METRICS, FedprivStrategy, FlowerEngine, params_to_record, record_to_params
 from fedpriv.engines.setup import FederatedSetup, train_federated
-from fedpriv.errors import ConfigError
+from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.logs import setup as setup_logs
 from fedpriv.training.loop import LoopResult
 from fedpriv.training.prepared import Prepared
@@ -204,7 +204,12 @@ def make_server_app(
             _echo(f"experiment {path}, run directory {out}")
             exp = prepare(cfg, say)
         stop = stop_after if stop_after is not None else (int(context.run_config["stop-after"]) if int(context.run_config.get("stop-after", 0) or 0) > 0 else None)
-        result = serve(grid, exp, out, stop, say)
+        try:
+            result = serve(grid, exp, out, stop, say)
+        except FedprivError as e:  # Flower logs it and goes on: the box carries it to the caller
+            if result_box is not None:
+                result_box.append(e)
+            raise
         if result_box is not None:
             result_box.append(result)
 

@@ -74,4 +74,6 @@ def run_flower_simulation(
         run_simulation(server_app=server, client_app=client, num_supernodes=f.num_supernodes, backend_config=backend, verbose_logging=verbose)
     if not box:
         raise FedprivError("the Flower simulation ended without a result (see the log above for the ServerApp's error)")
+    if isinstance(box[0], FedprivError):
+        raise box[0]
     return box[0]
