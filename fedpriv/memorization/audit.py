@@ -95,8 +95,9 @@ def enumerate_suffixes(pool_ids: np.ndarray, length: int, exclude: np.ndarray) -
 
 def audit_nwp_canary(stepper: Any, manifest: Manifest, index: int, cfg: ExperimentConfig, candidates: int) -> dict[str, Any]:
     from fedpriv.memorization.beam_search import beam_memorized
-    from fedpriv.memorization.exposure import exact_exposure, extrapolated_exposure, interpolated_exposure
-    from fedpriv.memorization.random_sampling import draw_suffixes, random_sampling
+    from fedpriv.memorization.exposure import exposure_from_rank, extrapolated_exposure, interpolated_exposure
+    from fedpriv.memorization.random_sampling import draw_suffixes
+    from fedpriv.memorization.rs_audit import audit_random_sampling
 
     a = cfg.audit
     canary = manifest.canaries[index]
@@ -109,12 +110,12 @@ def audit_nwp_canary(stepper: Any, manifest: Manifest, index: int, cfg: Experime
         suffixes, method = enumerate_suffixes(pool_ids, length, exclude), "exact"
     else:
         suffixes, method = draw_suffixes(pool_ids, manifest.weights, length, candidates, exclude, cfg.seed, index), "sampled"
-    rs, scores = random_sampling(stepper, ids, a.rs_prefix, suffixes, a.rs_batch)
+    rs, scores = audit_random_sampling(stepper, ids, a.rs_prefix, suffixes, a.rs_batch, cfg.seed)  # scores: the fit's rows
     if method == "exact":
-        exposure = exact_exposure(rs.canary_log_perplexity, scores)
+        exposure = exposure_from_rank(rs.rank, rs.candidates + 1)
     else:
         exposure = interpolated_exposure(rs.lower, rs.candidates, space)
-    extrapolated = extrapolated_exposure(rs.canary_log_perplexity, scores, space, seed=cfg.seed) if len(scores) >= 10 else None
+    extrapolated = extrapolated_exposure(rs.canary_log_perplexity, scores, space, seed=cfg.seed) if rs.candidates >= 10 else None
     bs, found = beam_memorized(stepper, ids, a.beam_width, a.beam_top)
     return {
         **canary_columns(canary),
