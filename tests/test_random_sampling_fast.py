@@ -19,6 +19,7 @@ from fedpriv.memorization.lstm_tables import cell, tables_for
 from fedpriv.memorization.random_sampling import draw_suffixes, random_sampling, suffix_log_probs
 from fedpriv.memorization.rs_audit import audit_random_sampling, fit_rows
 from fedpriv.memorization.rs_fast import fast_random_sampling
+from fedpriv.memorization.rs_kernels import lse_bounds
 from fedpriv.models.nwp import NWPConfig
 from fedpriv.tasks.nwp import NWPTask
 from fedpriv.vocab.word import WordVocab
@@ -106,6 +107,17 @@ def test_ties_are_counted_as_the_reference_counts_them():
     assert np.sum(ref_scores == c) >= len(copies)  # exact ties ...
     assert np.all(np.abs(ref_scores[: len(copies) + len(perms)] - c) < 1e-6)  # near ties ...
     assert stats.rechecked >= len(copies) + 2 * len(perms)  # ... decided by the reference
+    # a word predicted with probability 1 (in float32) ends the canary: t3 = 0 exactly, so bound 1
+    # (t1 + t2 <= score) is tight; word 8 scores a hair (1e-5 nats) better than the canary's 5,
+    # so (8, 6, 7) and (6, 8, 7) are lower than the canary right at the pruning threshold
+    bias = params["output"]["bias"].at[7].set(50.0)
+    params["output"]["bias"] = bias.at[8].set(bias[5] + 1e-5)
+    sure = NWPStepper(stepper.task, params)
+    hair = np.array([[8, 6, 7], [6, 8, 7]], np.int32)
+    tight = np.concatenate([copies, hair, draw_suffixes(sure.word_ids(), None, 3, 3000, canary[2:], seed=1, canary_index=0)])
+    got, ref_scores, stats = assert_same(sure, canary, tight, score_rows=np.arange(3))
+    gap = got.canary_log_perplexity - ref_scores[len(copies) : len(copies) + 2]
+    assert np.all((gap > 0) & (gap < 1e-4)) and stats.rechecked >= 5
     params["output"]["bias"] = jnp.zeros_like(params["output"]["bias"])
     flat = NWPStepper(stepper.task, params)
     got, ref_scores, stats = assert_same(flat, canary, suffixes[:500], score_rows=np.arange(10))
@@ -148,6 +160,35 @@ def test_a_trained_model_memorizes_its_canary_and_the_bounds_drop_the_rest():
     other = np.array([30, 2, 44, 9, 17], np.int32)  # never seen: not memorized
     got, _, stats = assert_same(stepper, other, draw_suffixes(pool, None, 3, 20_000, other[2:], seed=0, canary_index=1), score_rows=np.arange(10))
     assert got.rank > 100
+
+
+def test_log_normalizer_bounds_hold_and_are_tight():
+    """lse(p) = logsumexp(p @ w + b) lies within the bounds from an anchor a, for random output
+    layers and for two columns +-R e1 (where the curvature R^2 is reached: near the anchor the
+    quadratic bound is exact to second order, so a smaller constant would fail)."""
+    rng = np.random.default_rng(0)
+
+    def check(w, b, a, d):
+        lse = jax.nn.logsumexp
+        la = lse(a @ w + b, axis=-1)
+        g = jax.nn.softmax(a @ w + b, axis=-1) @ w.T
+        center = jnp.mean(w, axis=1)
+        radius = jnp.max(jnp.linalg.norm(w - center[:, None], axis=0))
+        lo, hi = lse_bounds(la, g, d, center, radius)
+        exact = lse((a + d) @ w + b, axis=-1)
+        assert np.all(lo <= exact + 1e-4) and np.all(exact <= hi + 1e-4)
+        return np.asarray(hi - exact)
+
+    for scale in (0.1, 1.0, 3.0):
+        w = jnp.asarray(rng.normal(size=(8, 50)) * scale, jnp.float32)
+        b = jnp.asarray(rng.normal(size=50), jnp.float32)
+        a = jnp.asarray(rng.normal(size=(200, 8)), jnp.float32)
+        check(w, b, a, jnp.asarray(rng.normal(size=(200, 8)) * rng.uniform(0.01, 2, (200, 1)), jnp.float32))
+    r = 3.0
+    w = jnp.asarray([[r, -r], [0.0, 0.0]], jnp.float32)
+    steps = jnp.asarray([[x, 0.0] for x in (0.01, 0.03, 0.1)], jnp.float32)
+    gap = check(w, jnp.zeros(2), jnp.zeros((3, 2)), steps)
+    assert np.all(gap < 0.2 * (r * np.asarray(steps[:, 0])) ** 2)  # R^2 x^2 / 2 against log cosh(R x)
 
 
 def test_tables_step_like_the_model():

@@ -114,12 +114,15 @@ def second_bounds(t: LSTMTables, r1, c1, anchor, rows, words, targets, arows):
     p = _second(t, r1, c1, rows, words)
     z = jnp.sum(p * t.out_wt[targets], axis=-1) + t.out_b[targets]  # rounding may differ from the reference's
     a, lse_a, g = anchor[0][arows], anchor[1][arows], anchor[2][arows]
-    d = p - a
+    return (z, *lse_bounds(lse_a, g, p - a, t.out_center, t.out_radius))
+
+
+def lse_bounds(lse_a: jax.Array, g: jax.Array, d: jax.Array, center: jax.Array, radius: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Lower and upper bounds on lse(a + d) from lse(a) and its gradient g (module docstring);
+    ``center`` and ``radius``: a ball holding the output columns."""
     tangent = lse_a + jnp.sum(g * d, axis=-1)
     sq = jnp.sum(d * d, axis=-1)
-    r = t.out_radius
-    upper = jnp.minimum(tangent + 0.5 * r * r * sq, lse_a + d @ t.out_center + r * jnp.sqrt(sq))
-    return z, tangent, upper
+    return tangent, jnp.minimum(tangent + 0.5 * radius * radius * sq, lse_a + d @ center + radius * jnp.sqrt(sq))
 
 
 @jax.jit
