@@ -37,6 +37,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import dataclass
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -48,7 +49,7 @@ from fedpriv.memorization.random_sampling import RandomSamplingResult, random_sa
 
 MARGIN = 1e-3  # nats: candidates within this of the canary's score are decided by the reference
 SPOT = 64  # candidates checked against the reference on every call
-FIRST_BLOCK, PAIR_BLOCK, EXACT_BLOCK = 256, 512, 256  # rows per compiled call
+FIRST_BLOCK = 256  # first words per compiled call
 
 
 @dataclass(frozen=True)
@@ -67,37 +68,45 @@ class _Scorer:
     """Log-probabilities of one prefix's suffixes: approximate ones (float32 rounding apart from
     the reference's) for the bounds, and the reference's own for the rows that need them."""
 
-    def __init__(self, stepper: NWPStepper, prefix: np.ndarray):
+    def __init__(self, stepper: NWPStepper, prefix: np.ndarray, batch: int):
         self.t = t = tables_for(stepper)
         self.v = t.vocab_size
         h0, self.c0, p0, lse0 = stepper.run(prefix[None, :])
         self.first = np.asarray(stepper.all_log_probs(p0, lse0))[0]  # the reference's t1 (as log-probs)
         self.r0 = K.recurrent(h0, t.wh)
         self.rows = -(-self.v // FIRST_BLOCK) * FIRST_BLOCK  # rows of every per-word table
+        self.exact_block = batch  # the reference's shapes for its formulas: the same bits (tested)
+        self.pair_block = int(np.clip(2 ** round(np.log2(2**20 / t.wh.shape[1])), 256, 4096))  # ~1M gate floats
 
-    def first_two(self, rows: np.ndarray) -> np.ndarray:
-        """log P(s1) + log P(s2 | s1) per row, from the first words' log-probability tables
-        (float64 sum). Keeps the states after the distinct first words."""
-        t, n = self.t, len(rows)
-        order = np.argsort(rows[:, 0], kind="stable")
-        words, starts = np.unique(rows[order, 0], return_index=True)
-        ends = np.r_[starts[1:], n]
+    def order(self, rows: np.ndarray) -> np.ndarray:
+        """Row order by (block of 256 first words, second word): first words in the same
+        compiled call, and table rows reused from cache. Numbers the distinct first words."""
+        words = np.flatnonzero(np.bincount(rows[:, 0], minlength=self.v))
         self.row_of = np.full(self.v, -1, np.int64)
         self.row_of[words] = np.arange(len(words))
-        t2, states = np.empty(n, np.float32), []
-        for lo, hi in K.blocks(len(words), FIRST_BLOCK):
+        self.tile = self.row_of[rows[:, 0]] // FIRST_BLOCK
+        return np.argsort(self.tile * self.v + rows[:, 1], kind="stable")
+
+    def first_two(self, rows: np.ndarray, order: np.ndarray) -> np.ndarray:
+        """log P(s1) + log P(s2 | s1) per row, from the first words' log-probability tables
+        (float64 sum); ``order`` from :meth:`order`. Keeps the states after the first words."""
+        t = self.t
+        words = np.flatnonzero(self.row_of >= 0)
+        bounds = np.searchsorted(self.tile[order], np.arange(-(-len(words) // FIRST_BLOCK) + 1))
+        t2, states = np.empty(len(rows), np.float32), []
+        for k, (lo, hi) in enumerate(K.blocks(len(words), FIRST_BLOCK)):
             *state, logp = K.first_states(t, self.r0, self.c0, jnp.asarray(K.pad(words[lo:hi], FIRST_BLOCK)))
             states.append(state)
-            seg = order[starts[lo] : ends[hi - 1]]
+            seg = order[bounds[k] : bounds[k + 1]]
             t2[seg] = np.asarray(logp)[self.row_of[rows[seg, 0]] - lo, rows[seg, 1]]
         self.h1, self.c1, self.p1, self.lse1 = (K.pad_rows(jnp.concatenate(x), self.rows) for x in zip(*states))
         return self.first[rows[:, 0]].astype(np.float64) + t2
 
     def exact(self, rows: np.ndarray, second: tuple | None = None) -> np.ndarray:
         """The reference's log-probs of ``rows`` (float64 sums of its float32 terms, in its
-        order); for three-word suffixes ``second`` = (R1, first-word rows) of
-        :meth:`second_tables`."""
-        t, b = self.t, EXACT_BLOCK
+        order); for three-word suffixes ``second`` = (R1 of :meth:`recurrent_table`, the rows'
+        first-word rows)."""
+        t, b = self.t, self.exact_block
         lp = self.first[rows[:, 0]].astype(np.float64)
         lp += K.gathered(K.log_prob_of, len(rows), b, self.row_of[rows[:, 0]].astype(np.int32), rows[:, 1], fixed=(self.p1, self.lse1, t.out_w, t.out_b))
         if second is not None:
@@ -107,25 +116,25 @@ class _Scorer:
             lp += K.gathered(K.logit_rows, len(rows), b, p, rows[:, 2], fixed=(t.out_w, t.out_b)) - lse
         return lp
 
-    def second_tables(self, rows: np.ndarray):
-        """R1 = h1 @ wh for the first words of ``rows`` (other rows of the table zero), each row's
-        first-word row, and the anchors of the second words (from the mean state of those first
-        words) with each row's anchor row."""
-        t = self.t
-        first_rows = self.row_of[rows[:, 0]]
+    def recurrent_table(self, rows: np.ndarray) -> jax.Array:
+        """R1 = h1 @ wh for the first words of ``rows`` (the table's other blocks zero)."""
         needed = np.zeros(self.rows, bool)
-        needed[first_rows] = True
-        zero = jnp.zeros((FIRST_BLOCK, t.wh.shape[1]), jnp.float32)
-        r1 = jnp.concatenate([K.recurrent(self.h1[lo : lo + FIRST_BLOCK], t.wh) if needed[lo : lo + FIRST_BLOCK].any() else zero for lo in range(0, self.rows, FIRST_BLOCK)])
-        need = jnp.asarray(np.flatnonzero(needed))
+        needed[self.row_of[rows[:, 0]]] = True
+        zero = jnp.zeros((FIRST_BLOCK, self.t.wh.shape[1]), jnp.float32)
+        return jnp.concatenate([K.recurrent(self.h1[lo : lo + FIRST_BLOCK], self.t.wh) if needed[lo : lo + FIRST_BLOCK].any() else zero for lo in range(0, self.rows, FIRST_BLOCK)])
+
+    def anchor_table(self, rows: np.ndarray):
+        """Anchors of the second words of ``rows`` (the step from the mean state of their first
+        words), and each row's anchor row."""
+        t = self.t
+        need = jnp.asarray(np.flatnonzero(np.bincount(self.row_of[rows[:, 0]], minlength=self.rows)))
         r_bar = K.recurrent(jnp.mean(self.h1[need], axis=0, keepdims=True), t.wh)  # = the mean of R1 over them
         c_bar = jnp.mean(self.c1[need], axis=0, keepdims=True)
         seconds = np.flatnonzero(np.bincount(rows[:, 1], minlength=self.v))
         arow_of = np.full(self.v, -1, np.int64)
         arow_of[seconds] = np.arange(len(seconds))
         parts = [K.anchors(t, r_bar, c_bar, jnp.asarray(K.pad(seconds[lo:hi], FIRST_BLOCK))) for lo, hi in K.blocks(len(seconds), FIRST_BLOCK)]
-        anchor = tuple(K.pad_rows(jnp.concatenate(x), self.rows) for x in zip(*parts))
-        return r1, first_rows.astype(np.int32), anchor, arow_of[rows[:, 1]].astype(np.int32)
+        return tuple(K.pad_rows(jnp.concatenate(x), self.rows) for x in zip(*parts)), arow_of[rows[:, 1]].astype(np.int32)
 
     def third_word(self, rows: np.ndarray, partial: np.ndarray, forced: np.ndarray, c_ref: float):
         """For rows (sorted by first word) with approximate log-prob ``partial`` of their first
@@ -133,8 +142,11 @@ class _Scorer:
         lower from their bounds alone). Rows whose bounds decide them against the canary's
         score ``c_ref`` (with the margin) get no log-normalizer; ``forced`` rows do."""
         drop_below, lower_above = -(c_ref + MARGIN), -(c_ref - MARGIN)  # thresholds on log-probs
-        r1, prow, anchor, arow = self.second_tables(rows)
-        z, lse_lo, lse_hi = K.gathered(K.second_bounds, len(rows), PAIR_BLOCK, prow, rows[:, 1], rows[:, 2], arow, fixed=(self.t, r1, self.c1, anchor))
+        r1, prow = self.recurrent_table(rows), self.row_of[rows[:, 0]].astype(np.int32)
+        if forced.all():  # nothing for the bounds to save
+            return np.arange(len(rows)), self.exact(rows, (r1, prow)), 0
+        anchor, arow = self.anchor_table(rows)
+        z, lse_lo, lse_hi = K.gathered(K.second_bounds, len(rows), self.pair_block, prow, rows[:, 1], rows[:, 2], arow, fixed=(self.t, r1, self.c1, anchor))
         hi_lp = partial + (z - lse_lo)  # upper bound on the log-prob
         lo_lp = partial + (z - lse_hi)  # lower bound
         sure = ~forced & (lo_lp > lower_above)
@@ -147,15 +159,14 @@ def _bounded_scores(scorer: _Scorer, rows: np.ndarray, forced: np.ndarray, c_ref
     NaN for the others), the rows counted lower by their bounds, and the rows that got a
     second LSTM step."""
     logp = np.full(len(rows), np.nan)
-    partial = scorer.first_two(rows)
+    order = scorer.order(rows)
+    partial = scorer.first_two(rows, order)
     if rows.shape[1] == 2:  # partial is the whole log-prob, up to rounding
         sure = ~forced & (partial > -(c_ref - MARGIN))
         exact = np.flatnonzero(forced | (~sure & (partial >= -(c_ref + MARGIN))))
         logp[exact] = scorer.exact(rows[exact])
         return logp, int(sure.sum()), 0
-    go = np.flatnonzero((partial >= -(c_ref + MARGIN)) | forced)  # bound 1: t3 >= 0
-    tile = scorer.row_of[rows[go, 0]] // FIRST_BLOCK  # (first-word block, second word) order: cache reuse
-    go = go[np.argsort(tile * scorer.v + rows[go, 1], kind="stable")]
+    go = order[(partial[order] >= -(c_ref + MARGIN)) | forced[order]]  # bound 1: t3 >= 0
     kept, lp, bounded = scorer.third_word(rows[go], partial[go], forced[go], c_ref)
     logp[go[kept]] = lp
     return logp, bounded, len(go)
@@ -199,7 +210,7 @@ def fast_random_sampling(
 
     forced = np.zeros(n + 1, bool)
     forced[np.r_[0, 1 + spot, 1 + (np.arange(n) if score_rows is None else np.asarray(score_rows, np.int64))]] = True
-    logp, bounded, stepped = _bounded_scores(_Scorer(stepper, prefix), rows, forced, c_ref)
+    logp, bounded, stepped = _bounded_scores(_Scorer(stepper, prefix, batch), rows, forced, c_ref)
     ppl = -logp
     cand = ppl[1:]
     worst = max(abs(ppl[0] - c_ref), float(np.max(np.abs(cand[spot] - ref_spot[1:]))))
