@@ -72,5 +72,5 @@ flwr-stop:
 
 # A deployment on loopback: flower-superlink + 3 flower-supernodes, SuperNode 0 killed after round 1.
 deploy-local: $(STAMP)
-	$(PY) -m fedpriv.engines.deploy_local experiments/fedavg-shakespeare-quick.toml --supernodes 3 \
+	$(PY) -m fedpriv.engines.flower.deploy experiments/fedavg-shakespeare-quick.toml --supernodes 3 \
 		--run-dir runs/fedavg-shakespeare-quick-deploy --kill-node-after-round 1 --resume

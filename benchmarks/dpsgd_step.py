@@ -30,8 +30,8 @@ import optax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedpriv.central.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast  # noqa: E402
 from fedpriv.privacy.aggregate import noise_and_normalize  # noqa: E402
+from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast  # noqa: E402
 
 
 def nwp_setup(batch: int):

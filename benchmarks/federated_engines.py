@@ -46,8 +46,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fedpriv.clients.data import next_power_of_two  # noqa: E402
 from fedpriv.clients.update import client_key, make_client_update  # noqa: E402
 from fedpriv.config import validate_config  # noqa: E402
-from fedpriv.engines.rounds import FederatedSetup  # noqa: E402
-from fedpriv.pipeline import prepare  # noqa: E402
+from fedpriv.engines.setup import FederatedSetup  # noqa: E402
+from fedpriv.runner.dispatch import train_run  # noqa: E402
+from fedpriv.runner.prepare import prepare  # noqa: E402
 
 SOURCES = {
     "shakespeare": "shakespeare",
@@ -64,8 +65,8 @@ def experiment(corpus: str, clients: int, rounds: int, model: str, supernodes: i
         "task": {"kind": "nwp", "model": model},
         "federated": {
             "strategy": "fedavg", "rounds": rounds, "clients_per_round": clients, "local_epochs": 1,
-            "local_batch_size": 16, "client_learning_rate": 0.3, "eval_every": 10_000, "num_supernodes": supernodes,
-            "client_num_cpus": client_cpus, "users_per_message": users_per_message, "sum_on_client": sum_on_client, "chunk_size": 128,
+            "local_batch_size": 16, "client_learning_rate": 0.3, "eval_every": 10_000, "chunk_size": 128,
+            "flower": {"num_supernodes": supernodes, "client_num_cpus": client_cpus, "users_per_message": users_per_message, "sum_on_client": sum_on_client},
         },
     }
 
@@ -93,16 +94,13 @@ def round_seconds(run_dir: Path) -> list[float]:
 
 
 def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, supernodes: int, client_cpus: float, groups: list[tuple[int, bool]]) -> dict:
-    from fedpriv.engines.flower_sim import run_flower_simulation
-    from fedpriv.engines.vectorized import run_vectorized
-
     def exp(k: int = 1, summed: bool = False) -> dict:
         return experiment(corpus, clients, rounds, model, supernodes, client_cpus, k, summed)
 
     prepared = prepare(validate_config(exp()))
     setup = FederatedSetup(prepared)
     isolated = statistics.mean(isolated_client_seconds(setup, r) for r in range(2, rounds + 1))
-    run_vectorized(prepared, workdir / f"{corpus}-vec")
+    train_run(prepared, workdir / f"{corpus}-vec", engine="vectorized")
     vec = statistics.mean(round_seconds(workdir / f"{corpus}-vec")[1:])
     m = setup.core.m
     row = {
@@ -118,9 +116,7 @@ def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, sup
     }
     for k, summed in groups:
         name = f"{corpus}-{k}{'-sum' if summed else ''}"
-        cfg_path = workdir / f"{name}.toml"
-        cfg_path.write_text(_toml(exp(k, summed)))
-        run_flower_simulation(cfg_path, workdir / f"{name}-flower")
+        train_run(prepare(validate_config(exp(k, summed))), workdir / f"{name}-flower", engine="flower")
         flw = statistics.mean(round_seconds(workdir / f"{name}-flower")[1:])
         row["flower"].append({
             "users_per_message": k,
@@ -131,14 +127,6 @@ def bench(corpus: str, clients: int, rounds: int, model: str, workdir: Path, sup
             "vectorized_over_flower": flw / vec,
         })
     return row
-
-
-def _toml(d: dict, prefix: str = "") -> str:
-    """A tiny TOML writer for the benchmark's nested dict of scalars."""
-    scalars = [f"{k} = {json.dumps(v)}" for k, v in d.items() if not isinstance(v, dict)]
-    tables = [_toml(v, f"{prefix}{k}.") for k, v in d.items() if isinstance(v, dict)]
-    head = f"[{prefix[:-1]}]\n" if prefix else ""
-    return head + "\n".join(scalars) + "\n\n" + "".join(tables)
 
 
 def parse_run(value: str, ap: argparse.ArgumentParser) -> tuple[int, bool]:

@@ -63,8 +63,8 @@ def speed(vocab: int, dims: list[int], batches: list[int], eta: float, t: float,
 
 def measure(args: argparse.Namespace) -> dict:
     from fedpriv.data.sources import open_corpus
-    from fedpriv.privacy.local.embeddings import load_embeddings
     from fedpriv.privacy.local.measure import corpus_words, plausible_deniability, plot_deniability, token_inversion
+    from fedpriv.runner.embeddings import load_embeddings
 
     space = load_embeddings(args.embeddings, args.max_words, lambda m: print(m, file=sys.stderr), pieces=True)
     etas = [float(e) for e in args.etas.split(",")]

@@ -39,14 +39,14 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fedpriv.central.run import run_central  # noqa: E402
+from fedpriv.central.train import train_prepared_central  # noqa: E402
 from fedpriv.config import validate_config  # noqa: E402
-from fedpriv.memorization.audit import load_run  # noqa: E402
 from fedpriv.memorization.lm import NWPStepper  # noqa: E402
 from fedpriv.memorization.random_sampling import draw_suffixes, random_sampling  # noqa: E402
 from fedpriv.memorization.rs_audit import audit_random_sampling, fit_rows  # noqa: E402
 from fedpriv.memorization.rs_fast import fast_random_sampling  # noqa: E402
-from fedpriv.pipeline import prepare  # noqa: E402
+from fedpriv.runner.audit import load_run  # noqa: E402
+from fedpriv.runner.prepare import prepare  # noqa: E402
 
 EXPERIMENT = {
     "name": "rs-bench",
@@ -64,7 +64,7 @@ def trained_run(run_dir: Path) -> float | None:
     if (run_dir / "params.msgpack").is_file():
         return None
     t = time.perf_counter()
-    run_central(prepare(validate_config(EXPERIMENT)), run_dir)
+    train_prepared_central(prepare(validate_config(EXPERIMENT)), run_dir)
     return time.perf_counter() - t
 
 

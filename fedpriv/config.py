@@ -24,13 +24,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from fedpriv.errors import ConfigError
+from fedpriv.errors import ConfigError, FedprivError
+from fedpriv.privacy.local.mechanisms import check_eta, check_text_mechanism
+from fedpriv.vocab.dp_histogram import mechanism_params
+
+#: A string value ``"run:NAME"`` names another run of the same experiment file (resolved by the run store).
+RUN_REF = "run:"
+#: The evaluation split of the validation users (utility targets, learning-rate choice).
+VALIDATION = "validation"
 
 
 class _Strict(BaseModel):
@@ -41,7 +49,8 @@ class DataConfig(_Strict):
     source: str = Field("shakespeare", min_length=1, description="SOURCE spec: shakespeare, synthetic:..., or a path")
     format: str | None = Field(None, description="override the format guessed from the path")
     options: dict[str, Any] = Field(default_factory=dict, description="loader options")
-    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of users held out (0 = none)")
+    heldout_fraction: float = Field(0.1, ge=0.0, lt=1.0, description="fraction of users held out as the test users (0 = none)")
+    validation_fraction: float = Field(0.0, ge=0.0, lt=1.0, description="fraction of the remaining users held out as validation users (utility targets, learning-rate choice; never the test users)")
     min_examples: int = Field(1, ge=1, description="drop users with fewer examples")
     max_examples_per_user: int | None = Field(None, ge=1, description="keep each user's first N examples")
     eval_source: str | None = Field(None, min_length=1, description="evaluate on this source instead of held-out users")
@@ -79,9 +88,6 @@ class VocabConfig(_Strict):
         if self.dp is None and dp_keys:
             raise ValueError(f"{dp_keys[0]} is given without a DP mechanism; set dp = 'gaussian' (or laplace, count)")
         if self.dp is not None:
-            from fedpriv.errors import FedprivError
-            from fedpriv.vocab.dp_histogram import mechanism_params
-
             try:  # impossible parameters are refused before any data is read
                 mechanism_params(self.dp, sigma=self.sigma, epsilon=self.epsilon, delta=self.delta, tuple_size=self.tuple_size, partition=self.partition)
             except FedprivError as e:
@@ -94,12 +100,42 @@ class VocabConfig(_Strict):
         return self.source is not None or self.dp is not None or self.alphabet != "data"
 
 
+BUILTIN_TASKS = ("nwp", "ner", "mlm", "bert-ner")
+#: The entry-point group in which a package names its tasks (``task.kind = "NAME"``).
+TASK_ENTRY_POINTS = "fedpriv.tasks"
+_IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
+
+
+def task_entry_points() -> dict[str, str]:
+    """Installed task plug-ins: entry-point name -> ``module:Class``."""
+    from importlib.metadata import entry_points
+
+    return {ep.name: ep.value for ep in entry_points(group=TASK_ENTRY_POINTS)}
+
+
 class TaskConfig(_Strict):
-    kind: Literal["nwp", "ner", "mlm", "bert-ner"] = Field(
-        "nwp", description="nwp (next-word prediction), ner (BiLSTM tagging), mlm (BERT masked-LM pretraining) or bert-ner (BERT NER fine-tuning)"
+    kind: str = Field(
+        "nwp",
+        description="nwp (next-word prediction), ner (BiLSTM tagging), mlm (BERT masked-LM pretraining), bert-ner (BERT NER "
+        "fine-tuning), or a plug-in: 'package.module:ClassName' or the name of a 'fedpriv.tasks' entry point (docs/custom_tasks.md)",
     )
     model: str = Field("small", min_length=1, description="model preset (nwp: tiny, small, stackoverflow; mlm, bert-ner: tiny, small)")
     options: dict[str, Any] = Field(default_factory=dict, description="task hyperparameters, e.g. head = 'crf' for ner")
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, kind: str) -> str:
+        """A built-in task, an import path, or an installed entry point (the class is imported when the task is built)."""
+        if kind in BUILTIN_TASKS or _IMPORT_PATH.match(kind):
+            return kind
+        installed = task_entry_points()
+        if kind in installed:
+            return kind
+        have = f"installed: {', '.join(sorted(installed))}" if installed else "none installed"
+        raise ValueError(
+            f"unknown task {kind!r}; expected {', '.join(BUILTIN_TASKS[:-1])} or {BUILTIN_TASKS[-1]}, a plug-in "
+            f"'package.module:ClassName', or the name of a {TASK_ENTRY_POINTS!r} entry point ({have})"
+        )
 
 
 class TrainingConfig(_Strict):
@@ -120,7 +156,9 @@ class TrainingConfig(_Strict):
 class PrivacyConfig(_Strict):
     """DP-SGD for central training (a ``[privacy]`` section turns it on)."""
 
-    clip_norm: float = Field(..., gt=0.0, description="C: per-example L2 clip norm")
+    clip_norm: float = Field(..., gt=0.0, description="C: L2 clip norm of each unit's gradient (an example's, or a user's)")
+    unit: Literal["example", "user"] = Field("example", description="the privacy unit: example (each sampled example clipped) or user (users sampled, each user's gradient over examples_per_user of its examples clipped; training.batch_size counts users)")
+    examples_per_user: int = Field(8, ge=1, description="unit = user: examples each sampled user contributes to a step (cycled when it has fewer)")
     noise_multiplier: float | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate sigma to reach this epsilon at the end")
     delta: float = Field(..., gt=0.0, lt=1.0)
@@ -132,13 +170,75 @@ class PrivacyConfig(_Strict):
     epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a step would exceed this epsilon")
     accountant: Literal["rdp", "pld"] = "rdp"
 
+    @model_validator(mode="after")
+    def _check(self) -> "PrivacyConfig":
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier or target_epsilon")
+        return self
+
+
+class FederatedDPConfig(_Strict):
+    """User-level DP of DP-FedAvg (``[federated.dp]``; strategy = "dp-fedavg" needs it): Gaussian
+    noise z*S on the sum of the deltas clipped to ``federated.clip_norm`` S, accounted per round."""
+
+    delta: float = Field(..., gt=0.0, lt=1.0, description="user-level delta (well below 1/N)")
+    noise_multiplier: float | None = Field(None, ge=0.0, description="z: noise std z*S on the clipped sum (or give target_epsilon)")
+    target_epsilon: float | None = Field(None, gt=0.0, description="calibrate z to reach this epsilon after all rounds")
+    epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a round would exceed this epsilon")
+    accountant: Literal["rdp", "pld"] = "rdp"
+    adaptive_clip: bool = Field(False, description="adapt S to a quantile of the delta norms (Andrew et al. 2021)")
+    target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
+    clip_learning_rate: float = Field(0.2, gt=0.0)
+    clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
+
+    @model_validator(mode="after")
+    def _check(self) -> "FederatedDPConfig":
+        if (self.noise_multiplier is None) == (self.target_epsilon is None):
+            raise ValueError("give exactly one of noise_multiplier or target_epsilon")
+        if self.noise_multiplier == 0:
+            raise ValueError("noise_multiplier = 0 gives no privacy; use strategy = 'fedavg-clip' (and no [federated.dp]) for clipping without noise")
+        return self
+
+
+class ClientDPConfig(_Strict):
+    """Client-side DP-SGD (``[federated.client_dp]``): each client runs DP-SGD on its own examples
+    (record-level DP, Jana and Biemann 2021)."""
+
+    clip_norm: float = Field(..., gt=0.0, description="C: per-example L2 clip inside each client")
+    noise_multiplier: float = Field(..., gt=0.0, description="sigma: noise std sigma*C on each local step's clipped sum")
+    delta: float = Field(..., gt=0.0, lt=1.0, description="record-level delta")
+
+
+class FlowerConfig(_Strict):
+    """The Flower engine (``[federated.flower]``): simulation resources and messaging."""
+
+    num_supernodes: int = Field(4, ge=1, description="Flower simulation: virtual SuperNodes that run the client updates")
+    users_per_message: int = Field(1, ge=1, description="users a ClientApp trains per message, one after another in one jitted call (fewer messages, less per-message overhead)")
+    sum_on_client: bool = Field(False, description="a reply carries the clipped (or count-weighted) sum of its users' deltas, not each delta: 1/users_per_message of the bytes; the server then relies on the ClientApp's clipping")
+    client_num_cpus: float = Field(1.0, gt=0.0, description="Flower simulation: CPUs per ClientApp actor")
+    client_num_gpus: float = Field(0.0, ge=0.0, description="Flower simulation: GPUs per ClientApp actor")
+    round_timeout_s: float = Field(600.0, gt=0.0, description="seconds to wait for a round's replies; missing ones count as failed")
+
+
+#: Keys of the flat [federated] section before it was split: old key -> where it lives now.
+MOVED_FEDERATED_KEYS = {
+    **{k: f"federated.dp.{k}" for k in ("noise_multiplier", "target_epsilon", "delta", "epsilon_budget", "accountant", "adaptive_clip",
+                                          "target_unclipped_quantile", "clip_learning_rate", "clip_count_stddev")},
+    "client_clip_norm": "federated.client_dp.clip_norm",
+    "client_noise_multiplier": "federated.client_dp.noise_multiplier",
+    "client_delta": "federated.client_dp.delta",
+    **{k: f"federated.flower.{k}" for k in ("num_supernodes", "users_per_message", "sum_on_client", "client_num_cpus", "client_num_gpus", "round_timeout_s")},
+}
+
 
 class FederatedConfig(_Strict):
     """Federated training (a ``[federated]`` section; ``fedpriv train federated`` needs it).
 
     Each round the server samples a cohort of users, each sampled user runs ``local_epochs`` of
     minibatch SGD from the global model and returns its model delta, the strategy aggregates the
-    deltas and the server optimizer applies the aggregate as a pseudo-gradient.
+    deltas and the server optimizer applies the aggregate as a pseudo-gradient. DP-FedAvg's
+    privacy is ``[federated.dp]``, client-side DP-SGD ``[federated.client_dp]``, the Flower
+    engine's settings ``[federated.flower]``.
     """
 
     rounds: int = Field(..., ge=1, description="R: training rounds")
@@ -153,29 +253,40 @@ class FederatedConfig(_Strict):
     server_learning_rate: float = Field(1.0, gt=0.0)
     server_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="for server_optimizer = momentum")
     clip_norm: float | None = Field(None, gt=0.0, description="S: L2 clip of each user's delta (fedavg-clip, dp-fedavg)")
-    noise_multiplier: float | None = Field(None, ge=0.0, description="z: noise std z*S on the clipped sum (dp-fedavg; or give target_epsilon)")
-    target_epsilon: float | None = Field(None, gt=0.0, description="calibrate z to reach this epsilon after all rounds")
-    delta: float | None = Field(None, gt=0.0, lt=1.0, description="user-level delta (dp-fedavg)")
-    epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a round would exceed this epsilon")
-    accountant: Literal["rdp", "pld"] = "rdp"
-    adaptive_clip: bool = Field(False, description="adapt S to a quantile of the delta norms (Andrew et al. 2021)")
-    target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
-    clip_learning_rate: float = Field(0.2, gt=0.0)
-    clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
-    client_clip_norm: float | None = Field(None, gt=0.0, description="client-side DP-SGD: per-example L2 clip C inside each client (record-level DP)")
-    client_noise_multiplier: float | None = Field(None, gt=0.0, description="client-side DP-SGD: noise std sigma*C on each local step's clipped sum")
-    client_delta: float | None = Field(None, gt=0.0, lt=1.0, description="client-side DP-SGD: record-level delta")
     engine: Literal["vectorized", "flower"] = "vectorized"
     chunk_size: int = Field(64, ge=1, description="clients computed together by the vectorized engine (bounds memory)")
-    vectorize: Literal["auto", "vmap", "scan"] = Field("auto", description="vectorized engine: vmap clients (accelerators) or scan them (CPU); auto picks by backend")
+    vectorize: Literal["auto", "vmap", "scan"] = Field("auto", description="a group of users in one call: vmap (accelerators) or scan (CPU); auto picks by backend")
     eval_every: int = Field(5, ge=1, description="rounds between evaluations of the global model")
     checkpoint_every: int = Field(1, ge=1, description="rounds between checkpoints")
-    num_supernodes: int = Field(4, ge=1, description="Flower simulation: virtual SuperNodes that run the client updates")
-    users_per_message: int = Field(1, ge=1, description="Flower: users a ClientApp trains per message, one after another in one jitted call (fewer messages, less per-message overhead)")
-    sum_on_client: bool = Field(False, description="Flower: a reply carries the clipped (or count-weighted) sum of its users' deltas, not each delta: 1/users_per_message of the bytes; the server then relies on the ClientApp's clipping")
-    client_num_cpus: float = Field(1.0, gt=0.0, description="Flower simulation: CPUs per ClientApp actor")
-    client_num_gpus: float = Field(0.0, ge=0.0, description="Flower simulation: GPUs per ClientApp actor")
-    round_timeout_s: float = Field(600.0, gt=0.0, description="Flower: seconds to wait for a round's replies; missing ones count as failed")
+    dp: FederatedDPConfig | None = Field(None, description="DP-FedAvg's user-level DP")
+    client_dp: ClientDPConfig | None = Field(None, description="client-side DP-SGD (record-level)")
+    flower: FlowerConfig = Field(default_factory=FlowerConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            for key, new in MOVED_FEDERATED_KEYS.items():
+                if key in raw:
+                    raise ValueError(f"federated.{key} is now {new} (the [federated] section has sub-tables dp, client_dp and flower)")
+        return raw
+
+    @model_validator(mode="after")
+    def _strategy(self) -> "FederatedConfig":
+        """Each strategy takes exactly the keys it uses (refused here, before any data is read)."""
+        s = self.strategy
+        if s == "fedavg":
+            if self.clip_norm is not None or self.dp is not None:
+                given = "clip_norm" if self.clip_norm is not None else "[federated.dp]"
+                raise ValueError(f"strategy = 'fedavg' takes no clipping or privacy keys (got {given}); use 'fedavg-clip' or 'dp-fedavg'")
+            return self
+        if self.clip_norm is None:
+            raise ValueError(f"strategy = {s!r} needs clip_norm (S, the L2 bound on each user's delta)")
+        if s == "fedavg-clip" and self.dp is not None:
+            raise ValueError("strategy = 'fedavg-clip' adds no noise, so [federated.dp] has no meaning; use 'dp-fedavg'")
+        if s == "dp-fedavg" and self.dp is None:
+            raise ValueError("strategy = 'dp-fedavg' needs a [federated.dp] table: delta, and noise_multiplier or target_epsilon")
+        return self
 
 
 class CanariesConfig(_Strict):
@@ -192,6 +303,7 @@ class CanariesConfig(_Strict):
     example_probabilities: list[float] = Field([0.01, 0.1, 1.0], min_length=1, description="p_e values")
     distribution: Literal["uniform", "unigram"] = Field("uniform", description="canary words drawn uniformly from the vocabulary or by training-word frequency")
     min_expected_sharers: float = Field(1.0, ge=0.0, description="scale every p_u by one factor so the smallest expects at least this many sharers (0: never scale)")
+    seed: int | None = Field(None, ge=0, description="seed of the canary draw (words, sharers, insertions); default: the experiment's seed")
     patterns: list[str] = Field(["S", "HS", "HSH", "HHSHH"], min_length=1, description="mlm task: hint/secret patterns (H a hint word, S the secret)")
 
     @model_validator(mode="after")
@@ -218,6 +330,13 @@ class AuditConfig(_Strict):
     extraction_prefix: int = Field(5, ge=1, description="extraction: words given")
     extraction_suffix: int = Field(5, ge=1, description="extraction: words to reproduce greedily")
     mlm_examples: int = Field(20, ge=1, description="masked-LM secret sharer: planted examples per canary whose secret rank is averaged")
+    along: bool = Field(False, description="also audit the parameters saved at every evaluation along training (memorization against utility)")
+    empirical: bool = Field(False, description="plant audit canaries (each included with probability 1/2) and bound epsilon from below after training (one-run audit)")
+    empirical_canaries: int = Field(1000, ge=2, description="empirical: audit canaries (members and non-members together)")
+    empirical_kind: Literal["auto", "example", "user", "client"] = Field(
+        "auto", description="empirical: example (one extra example), user (a user holding only the canary) or client (DP-FedAvg: a random update direction); auto: the run's privacy unit"
+    )
+    empirical_words: int = Field(8, ge=1, description="empirical: words per data canary")
 
     @model_validator(mode="after")
     def _check(self) -> "AuditConfig":
@@ -243,14 +362,24 @@ class PrivatizeConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "PrivatizeConfig":
-        from fedpriv.errors import FedprivError
-        from fedpriv.privacy.local.corpus import check_text_mechanism
-
         try:  # impossible parameters are refused before any data is read
             check_text_mechanism(self.mechanism, self.eta, self.t, self.k)
         except FedprivError as e:
             raise ValueError(str(e)) from None
         return self
+
+
+class UtilityConfig(_Strict):
+    """A common utility target (a ``[utility]`` section): every run trains until its first
+    evaluation on the validation users at or past ``target`` (or until its steps, rounds or
+    epsilon budget end), stops there and is audited there, so runs are compared at matched
+    utility (Thakkar et al. 2021 compare models within one point of accuracy). ``metric``
+    defaults to the task's headline utility (next-token accuracy without OOV and EOS, entity F1,
+    masked-token accuracy), a fraction in [0, 1]."""
+
+    target: float = Field(..., gt=0.0, le=1.0, description="the utility every run trains to (a fraction)")
+    metric: str | None = Field(None, min_length=1, description="the metric (default: the task's headline utility)")
+    split: Literal["validation"] = Field(VALIDATION, description="measured on the validation users (data.validation_fraction), never the test users")
 
 
 class ExperimentConfig(_Strict):
@@ -265,6 +394,27 @@ class ExperimentConfig(_Strict):
     canaries: CanariesConfig | None = None
     privatize: PrivatizeConfig | None = None
     audit: AuditConfig = Field(default_factory=AuditConfig)
+    utility: UtilityConfig | None = None
+
+    @model_validator(mode="after")
+    def _validation_users(self) -> "ExperimentConfig":
+        if self.utility is not None and self.data.validation_fraction == 0.0:
+            raise ValueError("[utility] measures the target on validation users: set data.validation_fraction (e.g. 0.1)")
+        if self.audit.empirical and self.audit.empirical_kind == "client" and (self.federated is None or self.federated.clip_norm is None):
+            raise ValueError("audit.empirical_kind = 'client' (random-direction canary clients) needs a federated run that clips: strategy 'dp-fedavg' or 'fedavg-clip'")
+        return self
+
+    def audit_canary_kind(self) -> str | None:
+        """The unit of the empirical audit's canaries (``audit.empirical_kind``, with ``auto``
+        resolved to the run's privacy unit: user for federated and user-level DP-SGD runs,
+        example otherwise), or None without an empirical audit."""
+        if not self.audit.empirical:
+            return None
+        if self.audit.empirical_kind != "auto":
+            return self.audit.empirical_kind
+        if self.federated is not None or (self.privacy is not None and self.privacy.unit == "user"):
+            return "user"
+        return "example"
 
 
 def _path_of(loc: tuple) -> str:
@@ -277,12 +427,30 @@ def _config_error(e: ValidationError, origin: str, plain: bool = False) -> Confi
     problems = []
     for err in e.errors():
         where = _path_of(err["loc"])
-        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"]
-        if plain:
-            msg = msg.removeprefix("Value error, ")
+        msg = "unknown key" if err["type"] == "extra_forbidden" else err["msg"].removeprefix("Value error, ")
         problems.append(msg if plain and not err["loc"] else f"{where}: {msg}")
     more = f" (and {len(problems) - 1} more: {'; '.join(problems[1:4])})" if len(problems) > 1 else ""
     return ConfigError(f"{origin}: {problems[0]}{more}")
+
+
+def set_key(raw: dict[str, Any], dotted: str, value: Any, what: str = "--set") -> None:
+    """Set the dotted key ``a.b.c`` of a parsed TOML table (tables on the way are made)."""
+    parts = dotted.split(".")
+    if not all(p.strip() for p in parts):
+        raise ConfigError(f"{what} {dotted!r}: expected a dotted key such as training.steps")
+    d = raw
+    for p in parts[:-1]:
+        d = d.setdefault(p, {})
+        if not isinstance(d, dict):
+            raise ConfigError(f"{what} {dotted!r}: {p!r} is not a table")
+    d[parts[-1]] = value
+
+
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any] | None) -> dict[str, Any]:
+    """``raw`` with each ``KEY=VALUE`` of ``overrides`` (dotted key -> value, ``--set``) set."""
+    for key, value in (overrides or {}).items():
+        set_key(raw, key, value)
+    return raw
 
 
 def validate_config(raw: dict[str, Any], origin: str = "config") -> ExperimentConfig:
@@ -318,12 +486,6 @@ class MeasureConfig(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> "MeasureConfig":
-        import re
-
-        from fedpriv.errors import FedprivError
-        from fedpriv.privacy.local.corpus import check_text_mechanism
-        from fedpriv.privacy.local.mechanisms import check_eta
-
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.=+-]*$", self.name):
             raise ValueError(f"name {self.name!r} must be letters, digits and _.=+- (it names a directory)")
         if isinstance(self.sample, int) and self.sample < 1:
@@ -359,8 +521,9 @@ def validate_measure(raw: Any, origin: str = "measure") -> MeasureConfig:
         raise _config_error(e, origin, plain=True) from None
 
 
-def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
-    """Read and validate an experiment config: TOML, or JSON for a ``.json`` path."""
+def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate an experiment config: TOML, or JSON for a ``.json`` path; ``overrides``
+    (dotted key -> value, ``--set``) are set before validation."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -373,9 +536,9 @@ def load_config(path: str | os.PathLike[str]) -> ExperimentConfig:
             raw = json.loads(text)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: JSON syntax error: {e}") from None
-        return validate_config(raw, str(path))
+        return validate_config(apply_overrides(raw, overrides), str(path))
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
-    return validate_config(raw, str(path))
+    return validate_config(apply_overrides(raw, overrides), str(path))

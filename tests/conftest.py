@@ -40,7 +40,7 @@ def run_toml(tmp_path):
     """Run an experiment given as TOML text into ``tmp_path/store``: (store, summaries), every run finished."""
 
     def run(text: str, name: str = "experiment.toml"):
-        from fedpriv.report.store import run_experiment
+        from fedpriv.runner.store import run_experiment
 
         exp = tmp_path / name
         exp.write_text(text)

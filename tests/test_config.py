@@ -7,7 +7,7 @@ from fedpriv.errors import ConfigError
 
 
 def test_demo_experiment_is_valid():
-    from fedpriv.report.grid import load_experiment
+    from fedpriv.runner.grid import load_experiment
 
     name, specs = load_experiment("experiments/demo.toml")
     assert name == "demo" and all(s.config.data.source == "shakespeare" and s.config.vocab.size == 2000 for s in specs)
@@ -50,11 +50,10 @@ def test_toml_errors_name_the_file(tmp_path):
 
 
 def test_every_shipped_experiment_is_valid():
+    import tomllib
     from pathlib import Path
 
-    import tomllib
-
-    from fedpriv.report.grid import load_experiment
+    from fedpriv.runner.grid import load_experiment
 
     files = sorted(Path("experiments").glob("*.toml"))
     assert len(files) >= 3

@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from fedpriv.central.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast  # noqa: E402
+from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast  # noqa: E402
 from fedpriv.privacy.aggregate import noise_and_normalize  # noqa: E402
 
 C, SIGMA, ADAM_LR = 1.0, 1.0, 1e-3

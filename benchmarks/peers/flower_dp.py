@@ -21,7 +21,7 @@ import numpy as np
 
 from fedpriv_side import ROOT  # noqa: F401  (puts the checkout on sys.path)
 
-from fedpriv.engines.flower_sim import single_threaded_scipy_blas  # noqa: E402
+from fedpriv.engines.flower.simulation import single_threaded_scipy_blas  # noqa: E402
 
 ROUND_TIMEOUT_S = 900.0
 
@@ -29,10 +29,10 @@ ROUND_TIMEOUT_S = 900.0
 def experiment(users: int, rounds: int, model: str, z: float, S: float, strategy: str = "dp-fedavg") -> dict:
     fed = {
         "strategy": strategy, "rounds": rounds, "clients_per_round": users, "local_epochs": 1, "local_batch_size": 16,
-        "client_learning_rate": 0.3, "eval_every": 10_000, "num_supernodes": 4, "chunk_size": 128, "clip_norm": S,
+        "client_learning_rate": 0.3, "eval_every": 10_000, "chunk_size": 128, "clip_norm": S, "flower": {"num_supernodes": 4},
     }
     if strategy == "dp-fedavg":
-        fed.update(noise_multiplier=z, delta=1e-5)
+        fed["dp"] = {"noise_multiplier": z, "delta": 1e-5}
     return {
         "name": "bench-flower-dp", "seed": 0,
         "data": {"source": f"synthetic:stackoverflow,users={users},examples={users * 400}", "heldout_fraction": 0.0, "max_examples_per_user": 32},
@@ -49,7 +49,7 @@ def round_seconds(run_dir: Path) -> list[float]:
     return [r["round_seconds"] for r in rows if r.get("split") == "train"]
 
 
-def run_builtin(cfg_path: Path, users: int, rounds: int, z: float, S: float, initial_params) -> dict:
+def run_builtin(cfg, users: int, rounds: int, z: float, S: float, initial_params) -> dict:
     """Flower's FedAvg + DifferentialPrivacyServerSideFixedClipping; per-round wall seconds and the final weights."""
     from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
     from flwr.clientapp import ClientApp
@@ -57,14 +57,19 @@ def run_builtin(cfg_path: Path, users: int, rounds: int, z: float, S: float, ini
     from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, FedAvg
     from flwr.simulation import run_simulation
 
-    from fedpriv.engines.flower_apps import _runtime
-    from fedpriv.strategies.flower import params_to_record, record_to_params
+    from fedpriv.engines.flower.apps import ClientRuntime
+    from fedpriv.engines.flower.strategy import params_to_record, record_to_params
+    from fedpriv.runner.prepare import prepare
+
+    runtimes: list = []
 
     client = ClientApp()
 
     @client.train()
     def train(msg: Message, context: Context) -> Message:
-        rt = _runtime(str(cfg_path))  # fedpriv's cached client runtime: data, jitted update
+        if not runtimes:  # fedpriv's client runtime, built once per actor: data, jitted update
+            runtimes.append(ClientRuntime(cfg, prepare))
+        rt = runtimes[0]
         s = rt.setup
         user = int(context.node_config["partition-id"])
         round_ = int(msg.content["config"]["server-round"])
@@ -106,29 +111,25 @@ def run_builtin(cfg_path: Path, users: int, rounds: int, z: float, S: float, ini
 def bench(users: int, rounds: int, model: str, z: float, S: float, workdir: Path, log=print) -> dict:
     import json
 
-    from federated_engines import _toml as toml
     from fedpriv.config import validate_config
-    from fedpriv.engines.flower_sim import run_flower_simulation
-    from fedpriv.engines.rounds import FederatedSetup
-    from fedpriv.engines.vectorized import run_vectorized
-    from fedpriv.pipeline import prepare
+    from fedpriv.engines.setup import FederatedSetup
+    from fedpriv.runner.dispatch import train_run
+    from fedpriv.runner.prepare import prepare
 
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     out: dict = {"flower_weighting": "uniform", "users": users, "clients_per_round": users, "rounds": rounds, "model": model, "noise_multiplier": z, "clip_norm": S}
     # 1. the same thing: one noise-free round (clip S, z = 0) by fedpriv (fedavg-clip, vectorized) and by Flower.
     d0 = experiment(users, 1, model, 0.0, S, strategy="fedavg-clip")
-    p0 = workdir / "equiv.toml"
-    p0.write_text(toml(d0))
     prepared = prepare(validate_config(d0))
     counts = np.asarray(FederatedSetup(prepared).data.counts)
     out["example_counts"] = sorted(set(int(c) for c in counts))
     t = time.perf_counter()
-    vec0 = run_vectorized(prepared, workdir / "equiv-vec")
+    vec0 = train_run(prepared, workdir / "equiv-vec", engine="vectorized")
     log(f"[flower] fedpriv noise-free round: {time.perf_counter() - t:.1f} s")
     init_params = FederatedSetup(prepared).initial_params()
     t = time.perf_counter()
     with single_threaded_scipy_blas():
-        b0 = run_builtin(p0, users, 1, 0.0, S, init_params)
+        b0 = run_builtin(prepared.config, users, 1, 0.0, S, init_params)
     log(f"[flower] Flower noise-free round: {time.perf_counter() - t:.1f} s")
     a = np.concatenate([np.ravel(x) for x in jax.tree_util.tree_leaves(vec0.params)])
     b = np.concatenate([np.ravel(x) for x in b0["arrays"]])
@@ -138,21 +139,19 @@ def bench(users: int, rounds: int, model: str, z: float, S: float, workdir: Path
     out["equiv_rel_diff"] = float(np.linalg.norm(a - b) / max(np.linalg.norm(a - init), 1e-12))
     # 2. round times with noise: vectorized, fedpriv's Flower engine, Flower's built-in.
     d = experiment(users, rounds, model, z, S)
-    p = workdir / "dp.toml"
-    p.write_text(toml(d))
     prepared = prepare(validate_config(d))
     t = time.perf_counter()
-    res = run_vectorized(prepared, workdir / "dp-vec")
+    res = train_run(prepared, workdir / "dp-vec", engine="vectorized")
     out["vectorized_round_seconds"] = round_seconds(workdir / "dp-vec")
-    out["fedpriv_epsilon"] = res.summary.get("epsilon") if isinstance(res.summary, dict) else None
+    out["fedpriv_epsilon"] = next((r["epsilon"] for r in reversed(res.history) if r.get("split") == "train"), None)
     log(f"[flower] fedpriv vectorized: {time.perf_counter() - t:.1f} s")
     t = time.perf_counter()
-    run_flower_simulation(p, workdir / "dp-flower")  # runs scipy's OpenBLAS on one thread itself
+    train_run(prepared, workdir / "dp-flower", engine="flower")  # runs scipy's OpenBLAS on one thread itself
     out["fedpriv_flower_round_seconds"] = round_seconds(workdir / "dp-flower")
     log(f"[flower] fedpriv flower engine: {time.perf_counter() - t:.1f} s")
     t = time.perf_counter()
     with single_threaded_scipy_blas():
-        out["builtin_round_seconds"] = run_builtin(p, users, rounds, z, S, FederatedSetup(prepared).initial_params())["round_seconds"]
+        out["builtin_round_seconds"] = run_builtin(prepared.config, users, rounds, z, S, FederatedSetup(prepared).initial_params())["round_seconds"]
     log(f"[flower] Flower built-in DP: {time.perf_counter() - t:.1f} s")
     try:
         out["fedpriv_ledger"] = json.loads((workdir / "dp-vec" / "privacy_ledger.json").read_text())

@@ -314,9 +314,9 @@ def section_tff(args) -> dict:
     import fedpriv_side as fs
     import flower_dp
     from fedpriv.config import validate_config
-    from fedpriv.engines.rounds import FederatedSetup
-    from fedpriv.engines.vectorized import run_vectorized
-    from fedpriv.pipeline import prepare
+    from fedpriv.engines.setup import FederatedSetup
+    from fedpriv.runner.dispatch import train_run
+    from fedpriv.runner.prepare import prepare
 
     tp = peer_python("tff")
     if not tp:
@@ -352,7 +352,7 @@ def section_tff(args) -> dict:
             w0 = np.concatenate([np.ravel(np.asarray(arrays[k], np.float64)) for k in TFF_NAMES])
             for clip in (S, S / 10):
                 t = time.perf_counter()
-                vec0 = run_vectorized(prepare(validate_config(flower_dp.experiment(users, 1, model, 0.0, clip, strategy="fedavg-clip"))), tmp / f"equiv-vec-{clip}")
+                vec0 = train_run(prepare(validate_config(flower_dp.experiment(users, 1, model, 0.0, clip, strategy="fedavg-clip"))), tmp / f"equiv-vec-{clip}", engine="vectorized")
                 row0 = next(r for r in vec0.history if r.get("split") == "train")
                 theirs_path = WORK / "tff-equiv.npz"
                 ans = peer.ask(cmd="equiv", k=1, lr=0.0, out=str(theirs_path), clip=clip)
@@ -380,7 +380,7 @@ def section_tff(args) -> dict:
                 if "error" not in ans:
                     nz = dict(np.load(noisy_path))
                     tff_noise = np.concatenate([np.ravel(np.asarray(nz[k], np.float64)) for k in TFF_NAMES]) - b_free
-                    vec1 = run_vectorized(prepare(validate_config(flower_dp.experiment(users, 1, model, z, S))), tmp / "noisy-vec")
+                    vec1 = train_run(prepare(validate_config(flower_dp.experiment(users, 1, model, z, S))), tmp / "noisy-vec", engine="vectorized")
                     fp_noise = np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in _nwp_leaves(vec1.params)]) - a_free
                     out["noise_check"] = {"expected_std": z * S / users, "tff_std": float(np.std(tff_noise)), "tff_mean": float(np.mean(tff_noise)),
                                           "fedpriv_std": float(np.std(fp_noise)), "fedpriv_mean": float(np.mean(fp_noise)), "coordinates": int(fp_noise.size)}
@@ -393,7 +393,7 @@ def section_tff(args) -> dict:
             vec, tff_ = [], []
             for r in range(args.repeats):
                 t = time.perf_counter()
-                res = run_vectorized(prepared, tmp / f"dp-vec-{r}")
+                res = train_run(prepared, tmp / f"dp-vec-{r}", engine="vectorized")
                 vec.append(flower_dp.round_seconds(tmp / f"dp-vec-{r}"))
                 log(f"[tff] block {r + 1}: fedpriv vectorized {time.perf_counter() - t:.1f} s {[round(x, 2) for x in vec[-1]]}")
                 if r == 0:

@@ -18,29 +18,41 @@ Noise modes (the ledger accounts each with its effective multiplier, Hoory et al
 
 The sum of k independent N(0, s^2) draws is N(0, k s^2); the modes draw it as one Gaussian of
 that variance with the shared :func:`fedpriv.privacy.aggregate.noise_and_normalize`.
+
+**User-level DP-SGD** (``privacy.unit = "user"``): the unit sampled, clipped and accounted is a
+user. Each step samples B users (Poisson or fixed-size, :mod:`fedpriv.central.users`); each brings
+``privacy.examples_per_user`` of its examples; the gradient of the user's mean loss over them is
+clipped to C (so the user's whole contribution to a step is bounded by C, whatever its number of
+examples); the sum over users gets N(0, sigma^2 C^2) and is divided by B. The ledger accounts
+users (population: the training users), so a central run and a DP-FedAvg run can be compared at
+the same (epsilon, delta) for the same unit.
 """
 
 from __future__ import annotations
 
+import functools
 import math
-from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 
-from fedpriv.central.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
-from fedpriv.central.trainer import Stepper, gather, step_key_base
+from fedpriv.central.sgd import CentralStepper
+from fedpriv.central.users import UserBatches
 from fedpriv.config import PrivacyConfig, TrainingConfig
 from fedpriv.errors import FedprivError, PrivacyParameterError
-from fedpriv.privacy.accounting import GaussianSteps, resolve_noise_multiplier, steps_within_budget
+from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, noise_and_normalize
-from fedpriv.privacy.ledger import PrivacyLedger
-from fedpriv.tasks.base import Batch, Params, Task
+from fedpriv.privacy.budget import DPBudget
+from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
+from fedpriv.rundir import LEDGER, RunDir
+from fedpriv.tasks.base import Batch, Task
+from fedpriv.training.loop import gather, step_key_base
 
 
-class DPSGDStepper(Stepper):
+class DPSGDStepper(CentralStepper):
     """One DP-SGD step per logical batch (see the module docstring)."""
 
     def __init__(
@@ -53,11 +65,20 @@ class DPSGDStepper(Stepper):
         tx: optax.GradientTransformation,
         total_steps: int,
         log=None,  # noqa: ANN001
+        user_counts: np.ndarray | None = None,
     ):
-        self.task, self.train, self.cfg, self.dp, self.tx, self.seed = task, train, cfg, dp, tx, seed
-        say = log or (lambda _m: None)
-        n = len(train["mask"])
         b_logical = cfg.batch_size
+        self.user_batches: UserBatches | None = None
+        if dp.unit == "user":
+            if user_counts is None:
+                raise FedprivError("user-level DP-SGD needs the training users' example counts")
+            self.user_batches = UserBatches(user_counts, dp.sampling, b_logical, total_steps, dp.examples_per_user, seed)
+            n, self.group = self.user_batches.num_users, dp.examples_per_user
+        else:
+            n, self.group = len(train["mask"]), 1
+        super().__init__(task, cfg, total_steps, max(1, math.ceil(n / b_logical)), tx)
+        self.train, self.dp, self.seed = train, dp, seed
+        say = log or (lambda _m: None)
         check_clip_norm(dp.clip_norm, "privacy.clip_norm")
         if dp.sampling == "fixed" and b_logical > n:
             raise PrivacyParameterError(f"training.batch_size = {b_logical} > {n} records: a fixed-size batch needs B <= N")
@@ -68,7 +89,7 @@ class DPSGDStepper(Stepper):
             )
         self.P = dp.devices
         self.b = dp.micro_batch_size or math.ceil(b_logical / self.P)
-        self.rows = self.P * self.b  # rows per micro-step
+        self.rows = self.P * self.b  # units (examples, or users) per micro-step
         self.T = math.ceil(b_logical / self.rows)  # micro-steps per logical batch (fixed-size sampling)
         if dp.noise_mode == "per-micro-step":
             if dp.sampling != "fixed":
@@ -78,21 +99,11 @@ class DPSGDStepper(Stepper):
         shards = self.P if dp.noise_mode in ("per-shard", "per-micro-step") else 1
         micro = self.T if dp.noise_mode == "per-micro-step" else 1
         self.draws = shards * micro
-        if (dp.noise_multiplier is None) == (dp.target_epsilon is None):
-            raise PrivacyParameterError("privacy: give exactly one of noise_multiplier or target_epsilon")
-        template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, "example", shards, micro)
-        sigma = resolve_noise_multiplier(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, say)
-        self.sigma = sigma
-        self.event = GaussianSteps(dp.sampling, sigma, n, b_logical, 1, "example", shards, micro) if sigma > 0 else None
-        if self.event is None:
+        template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, dp.unit, shards, micro)
+        self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say)
+        self.sigma = self.budget.noise_multiplier
+        if self.budget.event is None:
             say("noise multiplier 0: clipping only, no privacy guarantee")
-        self.max_steps: int | None = None
-        if dp.epsilon_budget is not None:
-            if self.event is None:
-                raise PrivacyParameterError("privacy.epsilon_budget needs a noise multiplier > 0")
-            self.max_steps = steps_within_budget(self.event, dp.epsilon_budget, dp.delta, dp.accountant, total_steps, "privacy.epsilon_budget", "step", say)
-        self.ledger = PrivacyLedger()
-        self.steps_per_epoch = max(1, math.ceil(n / b_logical))
         self.q = b_logical / n
         self.base_key = step_key_base(seed)
         self._clip = self._choose_clipping(say)
@@ -100,6 +111,12 @@ class DPSGDStepper(Stepper):
 
     # ---- setup -----------------------------------------------------------------------------------
     def _choose_clipping(self, say):  # noqa: ANN001
+        if self.group > 1:
+            if self.dp.clipping == "fast":
+                raise FedprivError("privacy.clipping = 'fast' covers example-level DP-SGD; user-level DP-SGD clips with the reference (vmap over users)")
+            say(f"per-user clipping: reference (vmap over users, {self.group} examples each)")
+            self.clipping = "reference"
+            return functools.partial(reference_clipped_sum, group=self.group)
         probe = {k: jnp.asarray(v) for k, v in gather(self.train, np.arange(self.b) % len(self.train["mask"]), self.b).items()}
         params = jax.eval_shape(self.task.init_params, jax.random.key(0))
         ok, why = supports_fast(self.task, params, probe, jax.random.key(0))
@@ -140,18 +157,18 @@ class DPSGDStepper(Stepper):
         self._apply = jax.jit(apply)
 
     # ---- the Stepper interface ---------------------------------------------------------------------
-    def init_state(self, params: Params) -> dict:
-        return {"params": params, "opt_state": self.tx.init(params)}
-
     def sample(self, step: int) -> np.ndarray:
-        """Record indices of step ``step``'s logical batch (deterministic by seed and step)."""
+        """Record indices of step ``step``'s logical batch (deterministic by seed and step): (units,)
+        for example-level DP-SGD, (users, examples_per_user) for user-level."""
+        if self.user_batches is not None:
+            return self.user_batches.indices(step)
         n = len(self.train["mask"])
         rng = np.random.default_rng([self.seed, step, 0xD5])
         if self.dp.sampling == "poisson":
             return np.flatnonzero(rng.random(n) < self.q)
         return np.sort(rng.choice(n, size=self.cfg.batch_size, replace=False))
 
-    def step(self, state: dict, step: int) -> tuple[dict, jax.Array]:
+    def step(self, state: dict, step: int) -> tuple[dict, dict[str, Any]]:
         idx = self.sample(step)
         key = jax.random.fold_in(self.base_key, step)
         if self._sharding is not None:
@@ -160,40 +177,24 @@ class DPSGDStepper(Stepper):
         loss_sum, count = 0.0, 0.0
         chunks = max(1, math.ceil(len(idx) / self.rows)) if self.dp.sampling == "poisson" else self.T
         for k in range(chunks):
-            batch = gather(self.train, idx[k * self.rows : (k + 1) * self.rows], self.rows)
+            units = idx[k * self.rows : (k + 1) * self.rows]
+            batch = gather(self.train, units.reshape(-1), self.rows * self.group)
             if self._sharding is not None:
                 batch = jax.device_put(batch, self._sharding[0])
             acc, ls, c = self._accumulate(state["params"], acc, batch, jax.random.fold_in(key, k + 1))
             loss_sum, count = loss_sum + ls, count + c
         state = self._apply(state, acc, jax.random.fold_in(key, 0))
-        if self.event is not None:
-            self.ledger.record(self.event)
-        return state, loss_sum / jnp.maximum(count, 1.0)
+        self.budget.record()
+        return state, {"loss": float(loss_sum / jnp.maximum(count, 1.0))}
 
-    def after_step(self, done: int) -> str | None:
-        if self.max_steps is not None and done >= self.max_steps:
-            a = self.answer()
-            return f"stopping after step {done}: one more step would take epsilon above the budget {self.dp.epsilon_budget} ({a['guarantee']})"
-        return None
+    def stop_reason(self, done: int) -> str | None:
+        return self.budget.stop_reason(done)
 
-    def answer(self) -> dict:
-        if self.event is None or not self.ledger.entries:
-            return {"epsilon": None, "delta": self.dp.delta, "guarantee": "none (noise multiplier 0)" if self.event is None else "no steps yet"}
-        return self.ledger.epsilon(self.dp.delta, self.dp.accountant).to_json()
+    def privacy_report(self) -> dict[str, Any]:
+        return self.budget.report()
 
-    def report(self, done: int) -> dict:
-        a = self.answer()
-        return {"epsilon": a["epsilon"], "delta": a["delta"], "guarantee": a["guarantee"], "basis": self.event.basis() if self.event is not None else "no noise"}
+    def save(self, run: RunDir, done: int) -> None:
+        self.budget.save(run.file(LEDGER))
 
-    def save(self, run_dir: Path, done: int) -> None:
-        self.ledger.save(run_dir)
-
-    def resume(self, run_dir: Path, done: int) -> None:
-        if self.event is None:
-            return
-        ledger = PrivacyLedger.load(run_dir)
-        if ledger.steps != done:
-            raise FedprivError(f"{run_dir}: the privacy ledger holds {ledger.steps} steps but the checkpoint is at step {done}")
-        if ledger.entries and not ledger.entries[-1].same_mechanism(self.event):
-            raise FedprivError(f"{run_dir}: the privacy ledger was recorded with other DP parameters; use a new run directory")
-        self.ledger = ledger
+    def resume(self, run: RunDir, done: int) -> None:
+        self.budget.resume(run.file(LEDGER), done)

@@ -10,7 +10,7 @@ real steps of the step's mean loss (the host divides by the number of real steps
 
 Client-side DP-SGD (record-level DP inside each client, as in Jana and Biemann 2021): with a
 :class:`ClientDP`, a step's gradient is the central DP-SGD one: each example's gradient clipped
-to L2 norm C (:func:`fedpriv.central.clipping.reference_clipped_sum`), summed, N(0, (sigma*C)^2)
+to L2 norm C (:func:`fedpriv.privacy.clipping.reference_clipped_sum`), summed, N(0, (sigma*C)^2)
 noise added per coordinate and divided by the public local batch size B
 (:func:`fedpriv.privacy.aggregate.noise_and_normalize`). Its accounting is in
 :mod:`fedpriv.clients.privacy`.
@@ -24,8 +24,8 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
-from fedpriv.central.clipping import reference_clipped_sum
 from fedpriv.privacy.aggregate import noise_and_normalize
+from fedpriv.privacy.clipping import reference_clipped_sum
 from fedpriv.tasks.base import Params, Task
 
 CLIENT_STREAM = 0xC11E

@@ -1,19 +1,30 @@
-"""CoNLL / IOB NER files: one ``token<TAB>tag`` line per token, a blank line between sentences.
+"""CoNLL / IOB NER files: one token per line, columns separated by tabs (or spaces), a blank line
+between sentences. Suffixes ``.conll .conllu .iob .iob2 .bio .bioes .iobes .tsv .annotated``.
 
-Columns may be separated by tabs or spaces; the token is the first column and the tag the last
-(so four-column CoNLL-2003 files work too). ``-DOCSTART-`` lines separate documents. Tags must be
-``O`` or ``<P>-<type>`` with P in B, I, E, S, L, U (BIO, IOBES and BILOU schemes).
+Columns (0-based; negative counts from the end of the line): ``token_column`` and ``tag_column``.
+Left out, they are detected from the file's first 1,000 token lines: the token is column 1 when
+column 0 numbers the tokens of each sentence 1, 2, 3, ... (CoNLL-U style), else column 0; the tag
+is the last other column whose every value is a tag. Tags are ``O`` or ``<P>-<type>`` with P in B,
+I, E, S, L, U (BIO/IOB2, IOBES, BILOU). A first line that is not a token line but a header
+(``token<TAB>tag``) is skipped and said in the notes.
 
-How sentences become users (``users=``):
+Skipped lines: comments (a line starting with ``#`` that does not read as a token line, e.g.
+``# text = ...``), CoNLL-U multiword-token ranges (``3-4``) and empty nodes (``3.1``).
 
-* ``"document"``: one user per ``-DOCSTART-`` document (a file without any is one document);
-* ``"sentences:N"``: each run of N contiguous sentences is a user (the last may be shorter);
-* ``"clients:N"``: N users (clients), sentence i going to client i mod N, so every client gets
-  an even share of the file (the n-worker splits of Jana and Biemann 2021);
-* ``"mapping:PATH"``: a file with one user id per line, line i naming the user of sentence i
-  (0-based, in file order); its line count must equal the number of sentences.
+Documents start at ``-DOCSTART-`` lines, ``# newdoc`` / ``# newdoc id = X`` (CoNLL-U),
+``#begin document (X)`` (CoNLL-2012) and ``# doc_id = X`` / ``# document_id = X`` comments.
 
-User ids are ``doc-0007`` / ``block-0007`` (zero-padded in file order) or the mapping's ids.
+How sentences become users (``users=``, see :mod:`fedpriv.data.users`):
+
+* ``"auto"`` (default): ``"document"`` when the file marks documents, else ``"sentences:10"``;
+* ``"document"``: one user per document, named by its id (``X`` above) or ``doc-0007`` (numbered
+  in file order); a file that marks none is one document;
+* ``"comment:KEY"``: the value of the last ``# KEY = VALUE`` comment before the sentence (e.g.
+  ``comment:author``); a sentence before any is an error;
+* ``"sentences:N"``, ``"clients:N"``, ``"mapping:PATH"``: blocks, round-robin clients, or a file
+  naming the user of each sentence (0-based, in file order).
+
+Errors name the file, the line and what was expected.
 """
 
 from __future__ import annotations
@@ -21,109 +32,272 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.examples import TaggedExample
+from fedpriv.data.users import fallback_blocks, parse_users, read_mapping, synthetic_ids
 from fedpriv.errors import DataFormatError, FedprivError, SourceError
 
 _TAG = re.compile(r"^(O|[BIESLU]-\S+)$")
+_INDEX = re.compile(r"^\d+$")
+_SKIPPED_INDEX = re.compile(r"^\d+[-.]\d+$")  # CoNLL-U multiword range or empty node
+_DOC_COMMENTS = [
+    re.compile(r"^#\s*newdoc(?:\s+id)?\s*(?:=\s*(?P<id>.*?))?\s*$", re.I),
+    re.compile(r"^#\s*begin\s+document\s*\(?(?P<id>[^)]*?)\)?\s*(?:;.*)?$", re.I),
+    re.compile(r"^#\s*(?:doc_?id|document_?id|doc id|document id)\s*[=:]\s*(?P<id>.*?)\s*$", re.I),
+]
+_KEY_VALUE = re.compile(r"^#\s*(?P<key>[^=]*?)\s*=\s*(?P<value>.*?)\s*$")
+SAMPLE_LINES = 1000
+TAG_HELP = "O or B-/I-/E-/S-/L-/U-<type>"
+_HEADER_TAGS = {"tag", "tags", "label", "labels", "ner", "ner_tag", "ner_tags", "bio", "iob", "iob2", "entity", "entities", "class"}
 
 
-def iter_sentences(path: str | os.PathLike[str]) -> Iterator[tuple[int, TaggedExample]]:
-    """``(document index, sentence)`` in file order."""
-    doc = 0
-    seen_in_doc = False
-    tokens: list[str] = []
-    tags: list[str] = []
+def column_name(j: int) -> str:
+    return "the last column" if j == -1 else f"column {j}"
+
+
+def _columns(line: str) -> list[str]:
+    """A line's columns: tab-separated when it has a tab (empty columns kept), else whitespace-separated."""
+    line = line.rstrip()
+    return [c.strip() for c in line.split("\t")] if "\t" in line else line.split()
+
+
+@dataclass
+class Layout:
+    """Where the token and the tag are, and how the file was read (for the notes)."""
+
+    token: int
+    tag: int
+    detected: bool
+    width: int = 0  # columns of a typical token line (a '#' line of another width is a comment)
+    indexed: bool = False  # column 0 numbers the tokens (CoNLL-U)
+    header_line: int | None = None
+
+    def describe(self) -> str:
+        return f"token in {column_name(self.token)}, tag in {column_name(self.tag)}" + (", as detected" if self.detected else "")
+
+
+def _decode(path: Path, n: int, raw: bytes) -> str:
+    if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as e:
+        raise DataFormatError(path, n, f"not valid UTF-8 ({e.reason})") from None
+
+
+def _sample(path: Path) -> list[tuple[int, list[str]]]:
+    """``(line number, columns)`` of the first token lines (not blank, not comments or -DOCSTART-)."""
+    out: list[tuple[int, list[str]]] = []
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as e:
-                raise DataFormatError(path, n, f"not valid UTF-8 ({e.reason})") from None
-            if line.startswith("-DOCSTART-"):
-                if tokens:
-                    yield doc, TaggedExample(tuple(tokens), tuple(tags))
-                    tokens, tags = [], []
-                    seen_in_doc = True
-                if seen_in_doc:
-                    doc += 1
-                    seen_in_doc = False
+            line = _decode(path, n, raw)
+            if not line.strip() or line.startswith("#") or line.startswith("-DOCSTART-"):
+                continue
+            out.append((n, _columns(line)))
+            if len(out) >= SAMPLE_LINES:
+                break
+    return out
+
+
+def _tag_columns(sample: list[tuple[int, list[str]]], token: int) -> list[int]:
+    """Columns (other than ``token``) holding a tag on every sampled line long enough to have them."""
+    width = max((len(c) for _, c in sample), default=0)
+    return [j for j in range(width) if j != token and all(_TAG.match(c[j]) for _, c in sample if len(c) > j)]
+
+
+def detect_layout(path: Path, token_column: int | None = None, tag_column: int | None = None) -> Layout:
+    """The token and tag columns: as given, else detected (see the module docstring)."""
+    for name, value in (("token_column", token_column), ("tag_column", tag_column)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise FedprivError(f"{name}={value!r}: expected a column number (0-based; -1 = the last column)")
+    sample = _sample(path)
+    widths = sorted(len(c) for _, c in sample)
+    width = widths[len(widths) // 2] if widths else 0
+    indexed = bool(sample) and re.match(r"^1([-.]\d+)?$", sample[0][1][0]) is not None and all(_INDEX.match(c[0]) or _SKIPPED_INDEX.match(c[0]) for _, c in sample)
+    if indexed:  # multiword ranges and empty nodes carry no tag
+        sample = [(n, c) for n, c in sample if not _SKIPPED_INDEX.match(c[0])]
+    token = token_column if token_column is not None else (1 if indexed and width > 2 else 0)
+    if tag_column is not None:
+        return Layout(token, tag_column, token_column is None, width, indexed and token_column is None)
+    header = None
+    found = _tag_columns(sample, token % max(width, 1))
+    if not found and len(sample) > 1:  # a header line (token<TAB>tag) above the tokens?
+        rest = _tag_columns(sample[1:], token % max(width, 1))
+        first = sample[0][1]
+        if rest and len(first) > rest[-1] and first[rest[-1]].lower() in _HEADER_TAGS:
+            header, found = sample[0][0], rest
+    # No column is all tags: the classic layout (tag last), so the first bad tag is reported by line.
+    tag = found[-1] if found else -1
+    return Layout(token, tag, True, width, indexed and token_column is None, header)
+
+
+@dataclass
+class ConllFile:
+    """What reading a file found: its sentences with their document and comment values."""
+
+    sentences: list[TaggedExample] = field(default_factory=list)
+    doc_index: list[int] = field(default_factory=list)  # per sentence
+    doc_ids: dict[int, str] = field(default_factory=dict)  # document index -> its id, when named
+    comment_values: list[str | None] = field(default_factory=list)  # per sentence, for comment:KEY
+    marks_documents: bool = False
+    comments: int = 0
+    skipped_tokens: int = 0  # multiword ranges and empty nodes
+
+
+def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comment_key: str | None = None) -> ConllFile:
+    """Every sentence of a CoNLL/IOB file (see the module docstring); ``comment_key``: also record the
+    value of the last ``# KEY = VALUE`` comment before each sentence."""
+    path = Path(path)
+    lay = layout or detect_layout(path)
+    out = ConllFile()
+    doc, doc_has_sentences = 0, False
+    value: str | None = None
+    tokens: list[str] = []
+    tags: list[str] = []
+
+    def end_sentence() -> None:
+        nonlocal tokens, tags, doc_has_sentences
+        if tokens:
+            out.sentences.append(TaggedExample(tuple(tokens), tuple(tags)))
+            out.doc_index.append(doc)
+            out.comment_values.append(value)
+            tokens, tags = [], []
+            doc_has_sentences = True
+
+    def new_document(doc_id: str | None) -> None:
+        nonlocal doc, doc_has_sentences
+        end_sentence()
+        out.marks_documents = True
+        if doc_has_sentences:
+            doc, doc_has_sentences = doc + 1, False
+        if doc_id:
+            out.doc_ids[doc] = doc_id
+
+    def token_line(n: int, cols: list[str], line: str, strict: bool) -> bool:
+        """Add the line's token; False (strict: an error) when it is not a token line."""
+        if lay.indexed and not _INDEX.match(cols[0]):
+            if _SKIPPED_INDEX.match(cols[0]):
+                out.skipped_tokens += 1
+                return True
+            if strict:
+                raise DataFormatError(path, n, f"expected a token number in column 0 (as on the lines before), got {line[:60]!r}")
+            return False
+        need = max(lay.token if lay.token >= 0 else -lay.token - 1, lay.tag if lay.tag >= 0 else -lay.tag - 1) + 1
+        if len(cols) < max(need, 2):
+            if strict:
+                raise DataFormatError(path, n, f"expected a token and a tag separated by tabs or spaces ({lay.describe()}), got {line[:60]!r}")
+            return False
+        token, tag = cols[lay.token], cols[lay.tag]
+        if not _TAG.match(tag):
+            if strict:
+                hint = "; pass tag_column= to choose the column" if lay.detected else ""
+                raise DataFormatError(path, n, f"tag {tag[:30]!r} ({column_name(lay.tag)}) is not {TAG_HELP}{hint}")
+            return False
+        if not token:
+            if strict:
+                raise DataFormatError(path, n, f"empty token ({column_name(lay.token)})")
+            return False
+        tokens.append(token)
+        tags.append(tag)
+        return True
+
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, start=1):
+            line = _decode(path, n, raw)
+            if n == lay.header_line:
                 continue
             if not line.strip():
-                if tokens:
-                    yield doc, TaggedExample(tuple(tokens), tuple(tags))
-                    tokens, tags = [], []
-                    seen_in_doc = True
+                end_sentence()
                 continue
-            cols = line.split("\t") if "\t" in line else line.split()
-            cols = [c for c in cols if c != ""]
-            if len(cols) < 2:
-                raise DataFormatError(path, n, f"expected 'token<TAB>tag', got {line[:60]!r}")
-            token, tag = cols[0].strip(), cols[-1].strip()
-            if not _TAG.match(tag):
-                raise DataFormatError(path, n, f"tag {tag[:30]!r} is not O or B-/I-/E-/S-/L-/U-<type>")
-            tokens.append(token)
-            tags.append(tag)
-    if tokens:
-        yield doc, TaggedExample(tuple(tokens), tuple(tags))
+            if line.startswith("-DOCSTART-"):
+                new_document(None)
+                continue
+            if line.startswith("#"):
+                cols = _columns(line)
+                if len(cols) == lay.width and token_line(n, cols, line, strict=False):
+                    continue
+                out.comments += 1
+                for pattern in _DOC_COMMENTS:
+                    m = pattern.match(line)
+                    if m:
+                        new_document((m.group("id") or "").strip() or None)
+                        break
+                if comment_key is not None:
+                    m = _KEY_VALUE.match(line)
+                    if m and m.group("key") == comment_key:
+                        end_sentence()
+                        value = m.group("value")
+                continue
+            token_line(n, _columns(line), line, strict=True)
+    end_sentence()
+    return out
 
 
-def _parse_users_rule(users: str) -> tuple[str, object]:
-    if users == "document":
-        return "document", None
-    for rule in ("sentences", "clients"):  # "sentences:N", "clients:N" with N >= 1
-        if users.startswith(rule + ":"):
-            n = users.split(":", 1)[1]
-            if not n.isdigit() or int(n) < 1:
-                raise FedprivError(f"users rule {users!r}: N in '{rule}:N' must be a positive integer")
-            return rule, int(n)
-    if users.startswith("mapping:"):
-        return "mapping", Path(users.split(":", 1)[1])
-    raise FedprivError(f"users rule {users!r}: expected 'document', 'sentences:N', 'clients:N' or 'mapping:PATH'")
+def iter_sentences(path: str | os.PathLike[str], token_column: int | None = None, tag_column: int | None = None) -> Iterator[tuple[int, TaggedExample]]:
+    """``(document index, sentence)`` in file order."""
+    path = Path(path)
+    read = read_conll(path, detect_layout(path, token_column, tag_column))
+    yield from zip(read.doc_index, read.sentences)
 
 
-def load_conll(path: str | os.PathLike[str], users: str = "sentences:10") -> FederatedCorpus:
+def load_conll(
+    path: str | os.PathLike[str],
+    users: str = "auto",
+    token_column: int | None = None,
+    tag_column: int | None = None,
+) -> FederatedCorpus:
     """A CoNLL/IOB file as a FederatedCorpus of tagged sentences, users formed by ``users``."""
     path = Path(path)
     if not path.is_file():
         raise SourceError(f"{path}: no such file")
-    rule, arg = _parse_users_rule(users)
-    sentences = list(iter_sentences(path))
-    if not sentences:
-        raise FedprivError(f"{path}: no sentences found") from None
-    if rule == "document":
-        width = len(str(sentences[-1][0]))
-        ids = [f"doc-{d:0{width}d}" for d, _ in sentences]
-    elif rule == "sentences":
-        width = len(str((len(sentences) - 1) // arg))
-        ids = [f"block-{i // arg:0{width}d}" for i in range(len(sentences))]
-    elif rule == "clients":
-        if arg > len(sentences):
-            raise FedprivError(f"{path}: {len(sentences)} sentences cannot make {arg} clients")
-        width = len(str(arg - 1))
-        ids = [f"client-{i % arg:0{width}d}" for i in range(len(sentences))]
+    rule = parse_users(users, "sentence", "document", comment=True)
+    layout = detect_layout(path, token_column, tag_column)
+    read = read_conll(path, layout, rule.key if rule.kind == "comment" else None)
+    sents = read.sentences
+    if not sents:
+        raise FedprivError(f"{path}: no sentences found (expected token lines: {layout.describe()})")
+    notes: list[str] = []
+    if rule.kind == "auto":
+        rule = parse_users("document", "sentence", "document") if read.marks_documents else fallback_blocks("sentence")
+        if rule.kind == "blocks":
+            notes.append(f"{path.name} marks no documents (-DOCSTART-, '# newdoc id = ...'), so users='auto' made blocks of sentences")
+    if rule.kind == "natural":
+        ids = _document_ids(read)
+        named = len(read.doc_ids)
+        if not read.marks_documents:
+            notes.append(f"{path.name} marks no documents: users='document' made all {len(sents)} sentences one user")
+        elif users == "auto":
+            docs = len(set(read.doc_index))
+            how = "named by their ids" if named == docs else "numbered in file order" if not named else f"{named} named by their ids, the others numbered"
+            notes.append(f"users are the file's {len(set(ids))} documents (users='auto'; {how})")
+    elif rule.kind == "comment":
+        missing = next((i for i, v in enumerate(read.comment_values) if not v), None)
+        if missing is not None:
+            raise DataFormatError(path, None, f"sentence {missing + 1} has no '# {rule.key} = ...' comment before it (users={rule.text!r})")
+        ids = [str(v) for v in read.comment_values]
+    elif rule.kind == "mapping":
+        assert rule.path is not None
+        ids = read_mapping(rule.path, len(sents), "sentence", path)
     else:
-        ids = _read_mapping(arg, len(sentences), path)
-    return FederatedCorpus.from_stream(
-        zip(ids, (s for _, s in sentences)), "tagged", name=f"conll:{path.name}[{users}]"
-    )
+        ids, note = synthetic_ids(rule, len(sents), "sentence", path)
+        notes.append(note)
+    corpus = FederatedCorpus.from_stream(zip(ids, sents), "tagged", name=f"conll:{path.name}[{users}]")
+    if layout.detected and not (layout.token == 0 and layout.tag in (-1, layout.width - 1)):
+        notes.append(f"{path.name}: {layout.describe()}; pass token_column= / tag_column= to choose others")
+    if layout.header_line is not None:
+        notes.append(f"{path.name}:{layout.header_line} read as a header line and skipped")
+    for message in notes:
+        corpus.note(message)
+    corpus.info.update(sentences=len(sents), comment_lines=read.comments, documents=len(set(read.doc_index)) if read.marks_documents else 0)
+    if read.skipped_tokens:
+        corpus.info["skipped_multiword_or_empty_nodes"] = read.skipped_tokens
+    return corpus
 
 
-def _read_mapping(mapping: Path, n_sentences: int, source: Path) -> list[str]:
-    if not mapping.is_file():
-        raise SourceError(f"{mapping}: no such user-mapping file")
-    ids = []
-    with open(mapping, encoding="utf-8", errors="strict") as f:
-        try:
-            for n, line in enumerate(f, start=1):
-                uid = line.strip()
-                if not uid:
-                    raise DataFormatError(mapping, n, "empty user id")
-                ids.append(uid)
-        except UnicodeDecodeError as e:
-            raise DataFormatError(mapping, len(ids) + 1, f"not valid UTF-8 ({e.reason})") from None
-    if len(ids) != n_sentences:
-        raise DataFormatError(mapping, None, f"has {len(ids)} user ids but {source} has {n_sentences} sentences")
-    return ids
+def _document_ids(read: ConllFile) -> list[str]:
+    """Each sentence's document: its id when the file names it, else ``doc-0007`` by position."""
+    width = len(str(max(read.doc_index, default=0)))
+    return [read.doc_ids.get(d) or f"doc-{d:0{width}d}" for d in read.doc_index]

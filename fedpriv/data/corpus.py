@@ -39,7 +39,8 @@ class FederatedCorpus:
     def __init__(self, store: UserStore, name: str = "corpus", info: dict | None = None):
         self.store = store
         self.name = name
-        #: Facts about how the corpus was loaded (e.g. skipped records), for inspection.
+        #: Facts about how the corpus was loaded (e.g. skipped records), for inspection; corpora
+        #: derived from this one (subsets, splits, filters) keep them.
         self.info: dict = dict(info or {})
         self._counts: np.ndarray | None = None
         if len(store.user_ids()) == 0:
@@ -75,6 +76,18 @@ class FederatedCorpus:
         if not users:
             raise EmptyCorpusError(f"{name}: the source produced no examples")
         return cls(MemoryStore(users, kind), name)
+
+    def note(self, message: str, **facts: object) -> None:
+        """Record a choice the loader made on its own (synthetic users, dropped records): the
+        message goes to ``info["notes"]`` (said once in the log and recorded in the run, see
+        :mod:`fedpriv.runner.prepare`), the facts to ``info``."""
+        self.info.update(facts)
+        self.info["notes"] = [*self.info.get("notes", []), message]
+
+    @property
+    def notes(self) -> list[str]:
+        """The loader's notes (see :meth:`note`)."""
+        return list(self.info.get("notes", []))
 
     # ---- access -------------------------------------------------------------------------
     @property
@@ -137,7 +150,7 @@ class FederatedCorpus:
         if missing:
             raise FedprivError(f"{self.name}: unknown users {missing[:5]}")
         counts = self.counts()[[index[u] for u in user_ids]] if self._counts is not None else None
-        return FederatedCorpus(SubsetStore(self.store, user_ids, counts), name or self.name)
+        return FederatedCorpus(SubsetStore(self.store, user_ids, counts), name or self.name, self.info)
 
     def sample_users(self, k: int, seed: int) -> "FederatedCorpus":
         """``k`` users drawn uniformly without replacement (deterministic by ``seed``); builds only them."""
@@ -152,7 +165,7 @@ class FederatedCorpus:
         store = MappedStore(self.store, fn)
         if not store.user_ids():
             raise EmptyCorpusError(f"{name or self.name}: no user has any example left after filtering")
-        return FederatedCorpus(store, name or self.name)
+        return FederatedCorpus(store, name or self.name, self.info)
 
     def with_min_examples(self, n: int) -> "FederatedCorpus":
         """Only users with at least ``n`` examples."""
@@ -171,7 +184,7 @@ class FederatedCorpus:
         """The IID control: shuffle all records and deal them out sequentially to synthetic users,
         keeping the number of users and the per-user example counts (user j of the result has as
         many examples as user j of this corpus)."""
-        return FederatedCorpus(ReshardedStore(self.store, seed, self.counts()), f"{self.name}[iid seed {seed}]")
+        return FederatedCorpus(ReshardedStore(self.store, seed, self.counts()), f"{self.name}[iid seed {seed}]", self.info)
 
     def split_heldout_users(self, fraction: float, salt: str = "fedpriv-heldout") -> tuple["FederatedCorpus", "FederatedCorpus"]:
         """``(train, heldout)`` by a stable hash of the user id: a user is held out when

@@ -1,7 +1,8 @@
 """Load a LOCAL Hugging Face dataset (a ``datasets.Dataset`` or a ``save_to_disk`` folder) as a corpus.
 
-Users are the natural ids of ``user_column``, partitioned with flwr-datasets'
-``NaturalIdPartitioner``; a user's examples are built only when asked (one partition at a time).
+Users are the natural ids of ``user_column`` (``user_id`` by default, as for the tables),
+partitioned with flwr-datasets' ``NaturalIdPartitioner``; a user's examples are built only when
+asked (one partition at a time).
 Column rules are those of :mod:`fedpriv.data.tabular` (lists of strings for tagged mode; tag
 columns of ``ClassLabel`` ints are mapped to their names). This module never reaches the Hub:
 it sets ``HF_DATASETS_OFFLINE=1`` and ``HF_HUB_OFFLINE=1`` (unless already set) on import.
@@ -23,7 +24,7 @@ import numpy as np  # noqa: E402
 from fedpriv.data.corpus import FederatedCorpus  # noqa: E402
 from fedpriv.data.examples import Example  # noqa: E402
 from fedpriv.data.stores import UserStore, user_sort_key  # noqa: E402
-from fedpriv.data.tabular import RowConverter, RowError  # noqa: E402
+from fedpriv.data.tabular import RowConverter, RowError, note_skipped_rows  # noqa: E402
 from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError  # noqa: E402
 
 if TYPE_CHECKING:
@@ -114,7 +115,7 @@ def _tag_class_names(feature: Any) -> list[str] | None:
 def load_hf_dataset(
     dataset_or_path: "datasets.Dataset | datasets.DatasetDict | str | os.PathLike[str]",
     *,
-    user_column: str,
+    user_column: str = "user_id",
     text_column: str = "text",
     tokens_column: str | None = None,
     tags_column: str | None = None,
@@ -166,7 +167,8 @@ def load_hf_dataset(
 
     missing = [c for c in conv.columns if c not in ds.column_names]
     if missing:
-        raise FedprivError(f"{label}: no column(s) {missing}; the dataset has columns {ds.column_names}")
+        which = ", ".join(f"{k}=" for k, v in (("user_column", user_column), ("text_column", text_column), ("tokens_column", tokens_column), ("tags_column", tags_column), ("timestamp_column", timestamp_column)) if v in missing)
+        raise FedprivError(f"{label}: no column(s) {', '.join(map(repr, missing))}; the dataset has columns {', '.join(map(repr, ds.column_names))} (pass {which} to name yours)")
     if ds.num_rows == 0:
         raise EmptyCorpusError(f"{label}: the dataset has no rows")
 
@@ -174,4 +176,6 @@ def load_hf_dataset(
     store = HFNaturalIdStore(ds, conv, label, tag_names)
     if not store.user_ids():
         raise EmptyCorpusError(f"{label}: no examples (every row's text or token list is empty)")
-    return FederatedCorpus(store, name)
+    corpus = FederatedCorpus(store, name)
+    note_skipped_rows(corpus, conv)
+    return corpus

@@ -82,6 +82,9 @@ def inspect_corpus(
         stats["tokens_estimated_total"] = round(stats["tokens_per_example"] * corpus.num_examples)
     if corpus.kind == "tagged":
         stats["entities"] = dict(sorted(tags.items()))
-    if corpus.info:
-        stats["load"] = dict(corpus.info)
+    facts = {k: v for k, v in corpus.info.items() if k != "notes"}
+    if facts:
+        stats["load"] = facts
+    if corpus.notes:
+        stats["notes"] = corpus.notes
     return stats

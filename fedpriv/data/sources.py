@@ -7,15 +7,19 @@ Specs:
   ``synthetic:users=1000,examples=50000``);
 * a path, by format (``format=`` overrides the guess from the name):
 
-  ========================= ==============================================
-  ``Posts.xml`` / ``*.xml``  Stack Exchange dump (``stackexchange``)
-  ``*.jsonl`` ``*.json``     JSON Lines table (``jsonl``)
-  ``*.csv``                  CSV table (``csv``)
-  ``*.parquet``              Parquet table (``parquet``)
-  ``*.sqlite`` ``*.db``      TFF Stack Overflow SQLite (``tff-sqlite``)
-  ``*.conll`` ``*.iob``      CoNLL/IOB NER (``conll``); also ``*.tsv``, ``*.annotated``
-  a directory                ``datasets.Dataset.save_to_disk`` output (``hf``)
-  ========================= ==============================================
+  ============================== ==============================================
+  ``Posts.xml`` / ``*.xml``       Stack Exchange dump (``stackexchange``)
+  ``*.jsonl`` ``*.json``          JSON Lines table (``jsonl``)
+  ``*.csv``                       CSV table (``csv``)
+  ``*.parquet``                   Parquet table (``parquet``)
+  ``*.sqlite`` ``*.db``           TFF Stack Overflow SQLite (``tff-sqlite``)
+  ``*.conll`` ``*.conllu``        CoNLL/IOB NER (``conll``); also ``*.iob``, ``*.iob2``,
+                                  ``*.bio``, ``*.bioes``, ``*.iobes``, ``*.annotated``
+  ``*.tsv``                       CoNLL/IOB NER, or a TSV table (``tsv``) when its first line
+                                  is a header naming ``user_id``
+  ``*.txt`` ``*.text``            plain text, one example per line (``text``)
+  a directory                     ``datasets.Dataset.save_to_disk`` output (``hf``)
+  ============================== ==============================================
 
 Loader options (``user_column=...``, ``users="sentences:10"``, ``split="train"``, ...) are passed
 through to the loader; an option the loader does not take is refused by name.
@@ -30,7 +34,8 @@ from typing import Any, Callable
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.errors import SourceError
 
-FORMATS = ("stackexchange", "jsonl", "csv", "parquet", "tff-sqlite", "conll", "hf", "shakespeare-text")
+FORMATS = ("stackexchange", "jsonl", "csv", "tsv", "parquet", "tff-sqlite", "conll", "text", "hf", "shakespeare-text")
+TABLES = ("jsonl", "csv", "tsv", "parquet")
 
 _SUFFIXES = {
     ".xml": "stackexchange",
@@ -42,10 +47,24 @@ _SUFFIXES = {
     ".sqlite3": "tff-sqlite",
     ".db": "tff-sqlite",
     ".conll": "conll",
+    ".conllu": "conll",
     ".iob": "conll",
+    ".iob2": "conll",
+    ".bio": "conll",
+    ".bioes": "conll",
+    ".iobes": "conll",
     ".tsv": "conll",
     ".annotated": "conll",
+    ".txt": "text",
+    ".text": "text",
 }
+
+
+def _tsv_table(path: Path) -> bool:
+    """A ``.tsv`` whose first line is a header naming the tables' default user column."""
+    with open(path, "rb") as f:
+        first = f.readline().decode("utf-8", errors="replace").lstrip("\ufeff").rstrip("\r\n")
+    return "user_id" in first.split("\t")
 
 
 def guess_format(path: Path) -> str:
@@ -55,6 +74,8 @@ def guess_format(path: Path) -> str:
     fmt = _SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         raise SourceError(f"{path}: cannot tell the format from the name; pass format= one of {', '.join(FORMATS)}")
+    if fmt == "conll" and path.suffix.lower() == ".tsv" and _tsv_table(path):
+        return "tsv"
     return fmt
 
 
@@ -72,6 +93,10 @@ def _loader(fmt: str) -> Callable[..., FederatedCorpus]:
         from fedpriv.data.conll import load_conll
 
         return load_conll
+    if fmt == "text":
+        from fedpriv.data.text import load_text
+
+        return load_text
     if fmt == "hf":
         from fedpriv.data.hf import load_hf_dataset
 
@@ -110,7 +135,7 @@ def open_corpus(spec: str, format: str | None = None, **options: Any) -> Federat
     if not path.exists():
         raise SourceError(f"{spec}: no such file or directory (and not 'shakespeare' or 'synthetic:...')")
     fmt = format or guess_format(path)
-    if fmt in ("jsonl", "csv", "parquet"):
+    if fmt in TABLES:
         from fedpriv.data.tabular import load_table
 
         _check_options(load_table, options, spec)

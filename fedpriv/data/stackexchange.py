@@ -1,13 +1,14 @@
 """Stack Exchange data-dump ``Posts.xml`` (every Stack Exchange site's dump, Stack Overflow's included).
 
 * user = ``OwnerUserId``; posts without one (deleted accounts) are skipped and counted in
-  ``corpus.info["skipped_no_owner"]``;
+  ``corpus.info["skipped_no_owner"]``; posts of the accounts in ``drop_owners`` (default ``-1``,
+  the site's "Community" account, which owns tag wikis and automatic posts and is no person)
+  are skipped, counted in ``corpus.info["skipped_dropped_owner"]`` and said in a note;
 * examples = the sentences of the Title and of the Body (HTML stripped, code blocks dropped by
   default), normalized like the TFF Stack Overflow data (lowercase, punctuation split);
 * timestamp = ``CreationDate`` (UTC) in epoch seconds;
-* every post type by default (questions, answers, tag-wiki texts; the Community user ``-1``
-  owns the wikis); ``post_types=("1", "2")`` keeps questions and answers only, as the TFF
-  Stack Overflow data does.
+* every post type by default (questions, answers, tag-wiki texts); ``post_types=("1", "2")``
+  keeps questions and answers only, as the TFF Stack Overflow data does.
 
 The file is streamed with ``iterparse`` and each element cleared after use, so a multi-GB dump
 runs in bounded memory when the examples are spilled to disk (``spill_to``; automatic above
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import os
 import xml.etree.ElementTree as ET
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -28,6 +29,8 @@ from fedpriv.data.tokenize import normalize, split_sentences, strip_html
 from fedpriv.errors import DataFormatError, SourceError
 
 SPILL_ABOVE_BYTES = 256 * 2**20
+#: Stack Exchange's "Community" account: owns tag wikis and automatic posts; not a person.
+COMMUNITY_ACCOUNT = "-1"
 
 
 class _CountingReader:
@@ -60,12 +63,15 @@ def iter_posts(
     drop_code: bool = True,
     stats: dict | None = None,
     progress: Callable[[int], None] | None = None,
+    drop_owners: Collection[str] = (),
 ) -> Iterator[tuple[str, TextExample]]:
-    """``(OwnerUserId, sentence example)`` pairs in file order. ``stats`` (if given) is filled with
-    ``posts``, ``posts_used``, ``skipped_no_owner``, ``skipped_type`` and ``skipped_empty``."""
+    """``(OwnerUserId, sentence example)`` pairs in file order, without the posts of ``drop_owners``.
+    ``stats`` (if given) is filled with ``posts``, ``posts_used``, ``skipped_no_owner``,
+    ``skipped_dropped_owner``, ``skipped_type`` and ``skipped_empty``."""
     stats = {} if stats is None else stats
-    for k in ("posts", "posts_used", "skipped_no_owner", "skipped_type", "skipped_empty"):
+    for k in ("posts", "posts_used", "skipped_no_owner", "skipped_dropped_owner", "skipped_type", "skipped_empty"):
         stats[k] = 0
+    drop = frozenset(str(o) for o in drop_owners)
     skip = frozenset({"pre"}) if drop_code else frozenset()
     with open(path, "rb") as raw:
         reader = _CountingReader(raw, progress)
@@ -84,13 +90,13 @@ def iter_posts(
                 attrs = dict(elem.attrib)
                 elem.clear()
                 root.clear()  # drop references to finished rows: memory stays bounded
-                yield from _post_examples(path, attrs, post_types, skip, stats)
+                yield from _post_examples(path, attrs, post_types, skip, stats, drop)
         except ET.ParseError as e:
             line, col = e.position
             raise DataFormatError(path, line, f"malformed XML at column {col}: {e.msg if hasattr(e, 'msg') else e}") from None
 
 
-def _post_examples(path, attrs: dict, post_types, skip, stats) -> Iterator[tuple[str, TextExample]]:  # noqa: ANN001
+def _post_examples(path, attrs: dict, post_types, skip, stats, drop=frozenset()) -> Iterator[tuple[str, TextExample]]:  # noqa: ANN001
     post_id = attrs.get("Id", "?")
     if post_types is not None and attrs.get("PostTypeId") not in post_types:
         stats["skipped_type"] += 1
@@ -98,6 +104,9 @@ def _post_examples(path, attrs: dict, post_types, skip, stats) -> Iterator[tuple
     owner = attrs.get("OwnerUserId", "").strip()
     if not owner:
         stats["skipped_no_owner"] += 1
+        return
+    if owner in drop:
+        stats["skipped_dropped_owner"] += 1
         return
     created = attrs.get("CreationDate")
     try:
@@ -127,16 +136,23 @@ def load_stackexchange(
     drop_code: bool = True,
     spill_to: str | os.PathLike[str] | None = None,
     progress: Callable[[int], None] | None = None,
+    drop_owners: Sequence[str | int] = (COMMUNITY_ACCOUNT,),
 ) -> FederatedCorpus:
     """A ``Posts.xml`` dump as a FederatedCorpus (see the module docstring for the rules)."""
     path = Path(path)
     if not path.is_file():
         raise SourceError(f"{path}: no such file")
+    if isinstance(drop_owners, (str, int)) or not all(isinstance(o, (str, int)) and not isinstance(o, bool) for o in drop_owners):
+        raise SourceError(f"drop_owners={drop_owners!r}: expected a list of OwnerUserId values, e.g. [\"-1\"] or []")
+    drop = [str(o) for o in drop_owners]
     if spill_to is None and path.stat().st_size > SPILL_ABOVE_BYTES:
         spill_to = default_spill_path(path)
     stats: dict = {}
     corpus = FederatedCorpus.from_stream(
-        iter_posts(path, post_types, drop_code, stats, progress), "text", name=f"stackexchange:{path.name}", spill_to=spill_to
+        iter_posts(path, post_types, drop_code, stats, progress, drop), "text", name=f"stackexchange:{path.name}", spill_to=spill_to
     )
     corpus.info.update(stats)
+    if stats["skipped_dropped_owner"]:
+        who = " and ".join("-1 (the Community account)" if o == COMMUNITY_ACCOUNT else o for o in drop)
+        corpus.note(f"{stats['skipped_dropped_owner']} posts of account {who} dropped (drop_owners={drop}; pass drop_owners=[] to keep them)")
     return corpus

@@ -128,6 +128,8 @@ class RowConverter:
         if timestamp_column is not None:
             cols.append(timestamp_column)
         self.columns: list[str] = list(dict.fromkeys(cols))
+        #: rows converted to no example (empty text or token list), counted for the corpus notes
+        self.skipped_empty = 0
 
     @staticmethod
     def _get(row: Mapping, col: str) -> object:
@@ -170,6 +172,7 @@ class RowConverter:
             if self.normalize_text:
                 text = normalize(text)
             if not text.strip():
+                self.skipped_empty += 1
                 return None
             return uid, TextExample(text, ts)
         tokens = self._str_list(row, self.tokens_column)  # type: ignore[arg-type]
@@ -177,14 +180,22 @@ class RowConverter:
         if len(tokens) != len(tags):
             raise RowError(f"{len(tokens)} tokens but {len(tags)} tags")
         if not tokens:
+            self.skipped_empty += 1
             return None
         return uid, TaggedExample(tuple(tokens), tuple(tags), ts)
+
+
+def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
+    """Say how many rows gave no example (their text or token list was empty)."""
+    if conv.skipped_empty:
+        what = "text" if conv.kind == "text" else "token list"
+        corpus.note(f"{conv.skipped_empty} rows of {corpus.name} have an empty {what} and were skipped", skipped_empty=conv.skipped_empty)
 
 
 # ---- readers: each yields (location, row mapping), raising DataFormatError for unreadable input ----
 
 
-def _decoded_lines(path: Path, f: Iterable[bytes]) -> Iterator[tuple[int, str]]:
+def decoded_lines(path: Path, f: Iterable[bytes]) -> Iterator[tuple[int, str]]:
     """``(1-based line number, text)`` for each physical line, decoded strictly as UTF-8 (BOM dropped)."""
     for n, raw in enumerate(f, start=1):
         if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
@@ -197,7 +208,7 @@ def _decoded_lines(path: Path, f: Iterable[bytes]) -> Iterator[tuple[int, str]]:
 
 def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]:
     with open(path, "rb") as f:
-        for n, line in _decoded_lines(path, f):
+        for n, line in decoded_lines(path, f):
             if not line.strip():
                 continue
             try:
@@ -219,7 +230,7 @@ def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]
 
 def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[str, Example]]:
     with open(path, "rb") as f:
-        lines = (text for _, text in _decoded_lines(path, f))
+        lines = (text for _, text in decoded_lines(path, f))
         reader = csv.reader(lines, delimiter=delimiter, strict=True)
         try:
             header = next(reader, None)
@@ -338,7 +349,9 @@ def load_table(
     else:
         stream = _csv_rows(path, conv, "\t" if fmt == "tsv" else ",")
     try:
-        return FederatedCorpus.from_stream(stream, conv.kind, name=path.name, spill_to=spill_to)
+        corpus = FederatedCorpus.from_stream(stream, conv.kind, name=path.name, spill_to=spill_to)
+        note_skipped_rows(corpus, conv)
+        return corpus
     except EmptyCorpusError as e:
         if str(path) in str(e):
             raise

@@ -1,7 +1,7 @@
 """The deltas of a group of users in one jitted call: what the vectorized engine runs per chunk
 and a Flower ClientApp runs per message.
 
-Each user's plan (:meth:`~fedpriv.engines.rounds.FederatedSetup.plan`) is padded to the group's
+Each user's plan (:meth:`~fedpriv.engines.setup.FederatedSetup.plan`) is padded to the group's
 longest plan rounded up to a power of two; the group is padded with empty plans to ``width``
 users (weight 0), so a run compiles a handful of shapes. The update is
 :func:`fedpriv.clients.update.make_cohort_update`: ``scan`` (one user after another, padding
@@ -12,18 +12,14 @@ which engine, computed it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.clients.data import next_power_of_two
 from fedpriv.clients.update import CLIENT_STREAM, make_cohort_update
+from fedpriv.engines.setup import FederatedSetup
 from fedpriv.tasks.base import Params
-
-if TYPE_CHECKING:
-    from fedpriv.engines.rounds import FederatedSetup
 
 
 def client_keys(seed: int, round_: int, users: np.ndarray) -> jax.Array:

@@ -8,7 +8,7 @@ chunk size: ``chunk_size``, or a smaller cohort's size (rounded up to a power of
 Poisson sampling, where it varies) (missing clients are padded with empty plans and weight 0),
 so a run compiles a handful of shapes. The chunk's deltas go straight into the strategy's
 accumulator, so memory is bounded by one chunk of deltas, whatever the cohort size. The strategy
-math is the one of :mod:`fedpriv.strategies.core`, as in the Flower engine.
+math is the one of :mod:`fedpriv.strategies.server`, as in the Flower engine.
 """
 
 from __future__ import annotations
@@ -20,11 +20,16 @@ import numpy as np
 
 from fedpriv.clients.data import next_power_of_two
 from fedpriv.engines.cohort import CohortUpdate
-from fedpriv.engines.rounds import FederatedResult, FederatedSetup, client_loss_info, run_rounds
-from fedpriv.pipeline import Prepared
+from fedpriv.engines.setup import FederatedSetup, client_loss_info, train_federated
+from fedpriv.training.loop import LoopResult
+from fedpriv.training.prepared import Prepared
 
 
 class VectorizedEngine:
+    """Round r's cohort computed in-process, a chunk of users per jitted call."""
+
+    name = "vectorized"
+
     def __init__(self, setup: FederatedSetup):
         self.setup = setup
         self.cohort = CohortUpdate(setup)
@@ -58,6 +63,9 @@ class VectorizedEngine:
         s = self.setup
         cohort = s.core.sampler.sample(round_)
         acc = s.core.accumulator(state)
+        if s.canary_clients is not None:  # audit canaries: their directions, then the real users
+            cohort, canaries = s.canary_clients.split(cohort)
+            s.canary_clients.add(acc, state["params"], canaries)
         counts = s.data.counts
         loss_sum, steps = 0.0, 0
         for users, width in self.chunks(cohort):
@@ -75,7 +83,6 @@ def run_vectorized(
     run_dir: str | os.PathLike[str],
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
-) -> FederatedResult:
+) -> LoopResult:
     setup = FederatedSetup(prepared, log)
-    engine = VectorizedEngine(setup)
-    return run_rounds(setup, run_dir, engine.round, "vectorized", stop_after, log)
+    return train_federated(setup, VectorizedEngine(setup), run_dir, stop_after, log)

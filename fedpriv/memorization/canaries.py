@@ -42,9 +42,9 @@ from fedpriv.data.examples import Example, TaggedExample, TextExample
 from fedpriv.data.stores import UserStore
 from fedpriv.errors import DataFormatError, FedprivError
 from fedpriv.jsonio import write_json_atomic
+from fedpriv.rundir import CANARIES
 
 CANARY_STREAM = 0xCA7A
-MANIFEST_FILE = "canaries.json"
 _MAX_DRAWS = 1000
 
 
@@ -115,11 +115,11 @@ class Manifest:
         }
 
     def save(self, run_dir: str | os.PathLike[str]) -> None:
-        write_json_atomic(Path(run_dir) / MANIFEST_FILE, self.to_json())
+        write_json_atomic(Path(run_dir) / CANARIES, self.to_json())
 
     @classmethod
     def load(cls, run_dir: str | os.PathLike[str]) -> "Manifest":
-        path = Path(run_dir) / MANIFEST_FILE
+        path = Path(run_dir) / CANARIES
         try:
             d = json.loads(path.read_text())
             return cls([Canary.from_json(c) for c in d["canaries"]], d["seed"], d["population"], d["scale"], d["distribution"])

@@ -35,9 +35,11 @@ from fedpriv.errors import PrivacyParameterError
 from fedpriv.privacy.aggregate import (
     AggregateInfo,
     _as_real,
+    aggregate_info,
     check_clip_norm,
     check_noise_multiplier,
-    clip_and_noise,
+    clipped_sum,
+    noise_and_normalize,
 )
 
 PyTree = Any
@@ -142,6 +144,26 @@ def update_clip_norm(state: AdaptiveClipState, noised_fraction) -> AdaptiveClipS
     return state._replace(clip_norm=new_clip)
 
 
+def adaptive_noise_and_update(
+    clipped_total: PyTree,
+    unclipped_count,
+    num_units,
+    key: jax.Array,
+    state: AdaptiveClipState,
+    denominator,
+) -> tuple[PyTree, AdaptiveClipState, jax.Array]:
+    """The noise and the clip update of one adaptive round, given the sum of the units clipped to
+    the current C (``clipped_total``) and how many of ``num_units`` real units had norm <= C.
+
+    The key splits into the value noise (z_delta * C per coordinate, then / denominator) and the
+    count noise. Returns ``(result_tree, new_state, b_tilde)``. DP-FedAvg's aggregator
+    (:mod:`fedpriv.strategies.aggregators`) calls this on a sum accumulated chunk by chunk."""
+    value_key, count_key = jax.random.split(key)
+    result = noise_and_normalize(clipped_total, value_key, state.clip_norm, state.value_noise_multiplier, denominator)
+    b_tilde = noised_unclipped_fraction(unclipped_count, num_units, count_key, state.count_noise_stddev, denominator)
+    return result, update_clip_norm(state, b_tilde), b_tilde
+
+
 def adaptive_clip_and_noise(
     stacked_tree: PyTree,
     key: jax.Array,
@@ -149,17 +171,13 @@ def adaptive_clip_and_noise(
     denominator,
     mask=None,
 ) -> tuple[PyTree, AdaptiveClipState, AdaptiveClipInfo]:
-    """One adaptive round: :func:`clip_and_noise` at the current C with z_delta, then update C.
+    """One adaptive round on stacked units: clip to the current C, sum, then
+    :func:`adaptive_noise_and_update` (z_delta on the values, the noised count, the new C).
 
-    ``denominator`` and ``mask`` as in :func:`clip_and_noise` (the same m normalizes the count).
-    Returns ``(result_tree, new_state, AdaptiveClipInfo)``.
+    ``denominator`` and ``mask`` as in :func:`fedpriv.privacy.aggregate.clip_and_noise` (the same m
+    normalizes the count). Returns ``(result_tree, new_state, AdaptiveClipInfo)``.
     """
-    value_key, count_key = jax.random.split(key)
-    result, agg = clip_and_noise(
-        stacked_tree, value_key, state.clip_norm, state.value_noise_multiplier, denominator, mask
-    )
-    b_tilde = noised_unclipped_fraction(
-        agg.unclipped_count, agg.num_units, count_key, state.count_noise_stddev, denominator
-    )
-    new_state = update_clip_norm(state, b_tilde)
+    summed, norms = clipped_sum(stacked_tree, state.clip_norm, mask)
+    agg = aggregate_info(norms, state.clip_norm, state.value_noise_multiplier, mask)
+    result, new_state, b_tilde = adaptive_noise_and_update(summed, agg.unclipped_count, agg.num_units, key, state, denominator)
     return result, new_state, AdaptiveClipInfo(agg, b_tilde, new_state.clip_norm)

@@ -187,20 +187,24 @@ def clip_and_noise(
     """
     summed, norms = clipped_sum(stacked_tree, clip_norm, mask)
     result = noise_and_normalize(summed, key, clip_norm, noise_multiplier, denominator)
+    return result, aggregate_info(norms, clip_norm, noise_multiplier, mask)
+
+
+def aggregate_info(norms: jax.Array, clip_norm, noise_multiplier, mask=None) -> AggregateInfo:
+    """The :class:`AggregateInfo` of units with unclipped ``norms`` (``mask`` 0 = padding)."""
     real = jnp.ones(norms.shape, bool) if mask is None else jnp.asarray(mask) != 0
     clip = jnp.asarray(clip_norm, norms.dtype)
     num_units = jnp.sum(real, dtype=jnp.int32)
     unclipped = jnp.sum(real & (norms <= clip), dtype=jnp.int32)
     norm_total = jnp.sum(jnp.where(real, norms, jnp.zeros((), norms.dtype)))
     mean_norm = norm_total / jnp.maximum(num_units, 1).astype(norms.dtype)
-    info = AggregateInfo(
+    return AggregateInfo(
         unclipped_count=unclipped,
         num_units=num_units,
         mean_norm=mean_norm,
         noise_stddev=_noise_stddev(clip_norm, noise_multiplier),
         clip_norm=jnp.asarray(clip_norm, jnp.float32),
     )
-    return result, info
 
 
 # --- validation: plain Python, outside jit, before any training ---------------------------------

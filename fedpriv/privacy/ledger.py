@@ -1,8 +1,8 @@
 """The privacy ledger a trainer or strategy appends to at every step or round.
 
 Consecutive steps with the same mechanism are merged into one entry (so a 100,000-step run is a
-few lines). The ledger is saved as JSON in the run directory (``privacy_ledger.json``, written
-atomically), reloaded on resume, and answers epsilon for a delta (or delta for an epsilon) with
+few lines). The ledger is saved as JSON (in a run directory: ``privacy_ledger.json``, see
+:mod:`fedpriv.rundir`; written atomically), reloaded on resume, and answers epsilon for a delta (or delta for an epsilon) with
 every accountant the recorded events allow, each answer stating its assumptions.
 """
 
@@ -24,7 +24,6 @@ from fedpriv.privacy.accounting import (
     epsilon_for,
 )
 
-LEDGER_FILE = "privacy_ledger.json"
 _FORMAT = "fedpriv-privacy-ledger"
 
 
@@ -69,17 +68,12 @@ class PrivacyLedger:
         return {"format": _FORMAT, "version": 1, "entries": [asdict(e) for e in self.entries]}
 
     def save(self, path: str | os.PathLike[str]) -> Path:
-        """Write to ``path`` (a file, or a run directory to hold ``privacy_ledger.json``), atomically."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / LEDGER_FILE
-        return write_json_atomic(path, self.to_json(), indent=1)
+        """Write to the file ``path``, atomically."""
+        return write_json_atomic(Path(path), self.to_json(), indent=1)
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> "PrivacyLedger":
         path = Path(path)
-        if path.is_dir():
-            path = path / LEDGER_FILE
         obj = read_json(path, "privacy ledger")
         if not isinstance(obj, dict) or obj.get("format") != _FORMAT or not isinstance(obj.get("entries"), list):
             raise DataFormatError(path, None, "not a fedpriv privacy ledger")

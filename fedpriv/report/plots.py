@@ -51,21 +51,34 @@ def _color(i: int, private: bool) -> str:
 def plot_memorized_by_configuration(configurations: Sequence[str], runs: Sequence[str], counts: Sequence[Sequence[int]], path: str | os.PathLike[str]) -> Path:
     """Grouped bars: for each configuration (x), one bar per run of the number of RS-memorized
     canaries (y, a count). ``counts[i][j]`` is run i's count in configuration j."""
-    fig = _figure(max(6.0, 1.1 * len(configurations) + 2), 4.5)
+    return _save(memorized_by_configuration_figure(configurations, runs, counts), path)
+
+
+def tick_label(configuration: str) -> str:
+    """A configuration label on lines that fit under a bar group: p_u, its scaling, p_e."""
+    return configuration.replace(" (", "\n(").replace(" p_e", "\np_e")
+
+
+def memorized_by_configuration_figure(configurations: Sequence[str], runs: Sequence[str], counts: Sequence[Sequence[int]]) -> Figure:
+    """The figure of :func:`plot_memorized_by_configuration`; the legend sits right of the axes,
+    never over a bar."""
+    legend_width = 0.3 + 0.075 * max((len(r) for r in runs), default=0)
+    fig = _figure(max(6.0, 1.1 * len(configurations) + 2) + legend_width, 4.5)
     ax = fig.add_subplot()
     n = max(1, len(runs))
     width = 0.8 / n
     for i, (run, row) in enumerate(zip(runs, counts)):
         xs = [j - 0.4 + width * (i + 0.5) for j in range(len(configurations))]
         ax.bar(xs, row, width, label=run, color=SERIES_COLORS[i % len(SERIES_COLORS)])
-    ax.set_xticks(range(len(configurations)), [c.replace(" p_e", "\np_e") for c in configurations], fontsize=8)
+    ax.set_xticks(range(len(configurations)), [tick_label(c) for c in configurations], fontsize=8)
     ax.set_ylabel("RS-memorized canaries")
     ax.set_xlabel("canary configuration")
     ax.yaxis.get_major_locator().set_params(integer=True)
     ax.set_title("Canaries memorized (Random Sampling) by configuration")
     if runs:
-        ax.legend(fontsize=8, ncols=2)
-    return _save(fig, path)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    fig.tight_layout()
+    return fig
 
 
 def plot_exposure_vs_insertions(series: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
@@ -156,4 +169,58 @@ def plot_utility_vs_epsilon(points: Sequence[Mapping[str, Any]], path: str | os.
         ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=columns)
     else:
         ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def plot_memorization_vs_utility(series: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """Two panels, one line per run, a point per audited step along training: mean exposure (bits,
+    left) and RS-memorized canaries (a count, right) against the validation utility (%, x), so
+    runs can be compared at equal utility by eye. Each series: {run, utility (fractions),
+    exposure, rs_memorized, label}."""
+    fig = _figure(11.0, 4.5)
+    left, right = fig.add_subplot(1, 2, 1), fig.add_subplot(1, 2, 2)
+    for k, s in enumerate(series):
+        color = SERIES_COLORS[k % len(SERIES_COLORS)]
+        x = [100 * u for u in s["utility"]]
+        left.plot(x, s["exposure"], marker="o", color=color, label=s["run"])
+        if all(v is not None for v in s["rs_memorized"]):
+            right.plot(x, s["rs_memorized"], marker="o", color=color, label=s["run"])
+    label = series[0]["label"] if series else "utility"
+    for ax, ylabel in ((left, "mean exposure (bits)"), (right, "RS-memorized canaries")):
+        ax.set_xlabel(f"validation {label} (%)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    right.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.suptitle("Memorization against utility along training")
+    return _save(fig, path)
+
+
+def plot_empirical_vs_theoretical(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
+    """The empirical epsilon lower bound (y) against the accountant's epsilon (x, log scale), one
+    point per run, with the diagonal y = x: a point above it is a privacy bug. Runs without an
+    accountant's epsilon (not private) are drawn at the right edge, past a dashed line. Each
+    point: {run, epsilon (None when not private), empirical, unit}."""
+    fig = _figure(7.5, 4.8)
+    ax = fig.add_subplot()
+    eps = [p["epsilon"] for p in points if p["epsilon"] is not None and p["epsilon"] > 0]
+    lo, hi = (min(eps), max(eps)) if eps else (1.0, 1.0)
+    edge = hi * 10 ** max(0.5, 0.25 * math.log10(hi / lo))
+    top = 1.15 * max([hi, *[p["empirical"] for p in points]])
+    xs = [lo / 10 ** 0.3 * (hi * 10 ** 0.55 / lo) ** (i / 60) for i in range(61)]  # y = x, curved on a log x axis
+    ax.plot(xs, [min(x, top) for x in xs], color="#888888", linewidth=1, label="y = x (the guarantee)")
+    for k, p in enumerate(points):
+        private = p["epsilon"] is not None and p["epsilon"] > 0
+        ax.scatter([p["epsilon"] if private else edge], [p["empirical"]], marker="o" if private else "x", s=40,
+                   color=SERIES_COLORS[k % len(SERIES_COLORS)], label=f"{p['run']} (per {p['unit']})", zorder=3)
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
+    ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
+    ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if eps else []
+    ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
+    ax.minorticks_off()
+    ax.set_ylim(0, top)
+    ax.set_xlabel("accountant's ε (upper bound; log scale)")
+    ax.set_ylabel("empirical ε (95% lower bound)")
+    ax.set_title("The attack against the guarantee")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _save(fig, path)

@@ -16,7 +16,7 @@ Written files (see :func:`write_report`)::
                                      epsilon and the fine-tuned F1 (:mod:`fedpriv.report.chain`)
     measurements.md                  when the store has [[measure]] results (STORE/measure/): per
     deniability-NAME.png             measurement, N_w / S_w / inversion accuracy per eta, and the
-                                     N_w / S_w plot (:mod:`fedpriv.report.measure_runs`)
+                                     N_w / S_w plot (:mod:`fedpriv.report.measurements`)
 
 Everything is read back from the store's files (``experiment.json``, each run's ``summary.json``,
 ``audit.json`` and ``privacy_ledger.json``); nothing is retrained. The table-building functions
@@ -39,25 +39,43 @@ from typing import Any
 
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import read_json
+from fedpriv.memorization.audit import configuration_label
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
-from fedpriv.privacy.ledger import LEDGER_FILE, PrivacyLedger
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.report import plots
+from fedpriv.report.chain import chains_markdown
+from fedpriv.report.intervals import Estimate, interval, paired_difference
+from fedpriv.report.measurements import write_measurements
+from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir
 
 REPORT_DIR = "report"
 MAX_CURVES = 12  # DP runs drawn in epsilon_vs_parameters.png (one row of panels each)
-EXPERIMENT_FILE, SUMMARY_FILE, AUDIT_FILE = "experiment.json", "summary.json", "audit.json"
 NOT_PRIVATE = "not private"
 PLOT_FILES = {
     "memorized_by_configuration.png": "RS-memorized canaries by configuration",
     "exposure_vs_insertions.png": "exposure against insertions",
     "epsilon_vs_parameters.png": "epsilon against the DP parameters",
-    "utility_vs_epsilon.png": "held-out accuracy against epsilon",
+    "utility_vs_epsilon.png": "test utility against epsilon",
+    "memorization_vs_utility.png": "memorization against validation utility along training",
+    "empirical_vs_theoretical.png": "empirical lower bound against the accountant's epsilon",
 }
 
-# comparison.csv columns, in order (raw values; see comparison_rows)
-COMPARISON_COLUMNS = [
-    "run", "training", "algorithm", "data", "batch", "batch_unit", "canaries", "rs_memorized", "bs_memorized",
-    "exposure_mean_bits", "exposure_max_bits", "test_accuracy", "test_perplexity", "test_f1", "epsilon", "delta", "assumptions",
+# runs.csv columns, in order (one row per finished run; raw values, see comparison_rows)
+RUN_COLUMNS = [
+    "run", "group", "seed", "canary_seed", "training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries",
+    "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits", "utility_metric", "test_utility", "test_accuracy",
+    "test_perplexity", "test_f1", "target_metric", "target_value", "target_reached", "target_at", "target_when", "target_value_reached",
+    "epsilon", "delta", "empirical_epsilon", "empirical_unit", "empirical_canaries", "assumptions", "flag",
 ]
+# comparison.csv columns (one row per run group: a run's seeds together; means and 95% intervals)
+COMPARISON_COLUMNS = [
+    "run", "seeds", "training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries",
+    "rs_memorized", "rs_memorized_low", "rs_memorized_high", "bs_memorized", "bs_memorized_low", "bs_memorized_high",
+    "exposure_mean_bits", "exposure_mean_low", "exposure_mean_high", "exposure_max_bits",
+    "utility_metric", "test_utility", "test_utility_low", "test_utility_high", "test_accuracy", "test_perplexity",
+    "target", "epsilon", "delta", "empirical_epsilon", "assumptions", "flag",
+]
+CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds"]
 CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits"]
 
 
@@ -73,29 +91,30 @@ class StoreContents:
     canaries: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     audit_settings: dict[str, Any] = field(default_factory=dict)
     ledgers: dict[str, list[GaussianSteps]] = field(default_factory=dict)
+    contrasts: list[dict[str, str]] = field(default_factory=list)
 
 
 def read_store(store: Path) -> StoreContents:
     """Read ``experiment.json`` and every finished run's summary, audit rows and privacy ledger.
     FedprivError when ``store`` is not a run store (no ``experiment.json``)."""
-    exp_path = store / EXPERIMENT_FILE
+    exp_path = store / EXPERIMENT
     if not exp_path.is_file():
-        raise FedprivError(f"{store}: not a run store (no {EXPERIMENT_FILE}); make one with fedpriv run EXPERIMENT.toml --out {store}")
+        raise FedprivError(f"{store}: not a run store (no {EXPERIMENT}); make one with fedpriv run EXPERIMENT.toml --out {store}")
     exp = read_json(exp_path, "experiment file")
     if not isinstance(exp, dict) or not isinstance(exp.get("runs"), list):
         raise FedprivError(f"{exp_path}: no list of runs")
-    out = StoreContents(str(exp.get("name", store.name)), exp["runs"])
+    out = StoreContents(str(exp.get("name", store.name)), exp["runs"], contrasts=list(exp.get("contrasts", [])))
     for run in out.runs:
-        run_dir = store / run["name"]
-        if not (run_dir / SUMMARY_FILE).is_file():
+        rd = RunDir(store / run["name"])
+        if not rd.has_summary():
             continue
-        out.summaries[run["name"]] = read_json(run_dir / SUMMARY_FILE, "run summary")
-        if (run_dir / AUDIT_FILE).is_file():
-            audit = read_json(run_dir / AUDIT_FILE, "audit report")
+        out.summaries[run["name"]] = rd.summary()
+        if rd.has(AUDIT_JSON):
+            audit = rd.read_json(AUDIT_JSON, "audit report")
             out.canaries[run["name"]] = list(audit.get("canaries", []))
             out.audit_settings = out.audit_settings or dict(audit.get("settings", {}))
-        if (run_dir / LEDGER_FILE).is_file():
-            out.ledgers[run["name"]] = PrivacyLedger.load(run_dir / LEDGER_FILE).entries
+        if rd.has(LEDGER):
+            out.ledgers[run["name"]] = PrivacyLedger.load(rd.file(LEDGER)).entries
     return out
 
 
@@ -133,17 +152,35 @@ def data_label(summary: Mapping[str, Any]) -> str:
 
 def batch_of(summary: Mapping[str, Any]) -> tuple[int | None, str]:
     """(size, unit) of a step's minibatch: records per step (central; the expected size under
-    Poisson sampling) or users per round (federated)."""
+    Poisson sampling), users per step (user-level DP-SGD) or users per round (federated)."""
     if summary.get("kind") == "central":
-        return summary.get("batch_size"), "records"
+        return summary.get("batch_size"), "users" if summary.get("privacy_unit") == "user" else "records"
     return summary.get("clients_per_round"), "users"
 
 
+UNIT_ORDER = {None: 0, "example": 1, "example (client-side)": 2, "user": 3}
+UNIT_TITLES = {None: "not private", "example": "example-level DP", "example (client-side)": "record-level DP inside each client", "user": "user-level DP"}
+
+
+def run_flag(summary: Mapping[str, Any]) -> str:
+    """Why a run's row cannot be compared as it stands: its model did not learn, or it missed the
+    experiment's utility target ('' when neither)."""
+    flags = []
+    if summary.get("degenerate"):
+        flags.append(f"did not learn: {summary['degenerate']}")
+    t = summary.get("target")
+    if t and not t.get("reached"):
+        best = t.get("reached_value")
+        flags.append(f"missed the utility target ({'best ' + format(best, '.4g') if best is not None else 'no validation evaluation'} < {t['value']:g}): not comparable")
+    return "; ".join(flags)
+
+
 def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per finished run, in ``runs`` (experiment.json) order, with COMPARISON_COLUMNS:
-    memorized counts out of ``canaries``; exposure in bits; test accuracy as a fraction and
-    perplexity on the held-out split; epsilon/delta None and assumptions 'not private' for a
-    non-DP run."""
+    """One row per finished run, in ``runs`` (experiment.json) order, with RUN_COLUMNS:
+    memorized counts out of ``canaries``; exposure in bits; the headline utility (``test_utility``:
+    next-token accuracy without OOV and EOS, entity F1, masked-token accuracy), accuracy and
+    perplexity as fractions on the test users; the utility target record; epsilon/delta None and
+    assumptions 'not private' for a non-DP run; a flag for rows that cannot be compared."""
     rows = []
     for run in runs:
         s = summaries.get(run["name"])
@@ -152,26 +189,163 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
         total = (s.get("audit") or {}).get("total", {})
         batch, unit = batch_of(s)
         epsilon, delta, assumptions = privacy_columns(s)
+        t = s.get("target") or {}
         rows.append({
             "run": run["name"],
+            "group": s.get("group") or run.get("group") or run["name"],
+            "seed": s.get("seed"),
+            "canary_seed": s.get("canary_seed"),
             "training": s.get("kind", run.get("kind")),
             "algorithm": s.get("algorithm"),
             "data": data_label(s),
             "batch": batch,
             "batch_unit": unit,
+            "privacy_unit": s.get("privacy_unit"),
             "canaries": total.get("canaries"),
             "rs_memorized": total.get("rs_memorized"),
             "bs_memorized": total.get("bs_memorized"),
             "exposure_mean_bits": total.get("exposure_mean"),
             "exposure_max_bits": total.get("exposure_max"),
+            "utility_metric": s.get("utility_metric"),
+            "utility_label": s.get("utility_label"),
+            "test_utility": s.get("utility"),
             "test_accuracy": s.get("eval_accuracy"),
             "test_perplexity": s.get("eval_perplexity"),
             "test_f1": s.get("eval_f1"),  # entity-level F1 of NER tasks
+            "target_metric": t.get("metric"),
+            "target_value": t.get("value"),
+            "target_reached": t.get("reached"),
+            "target_at": t.get("at"),
+            "target_when": t.get("when"),
+            "target_value_reached": t.get("reached_value"),
             "epsilon": epsilon,
             "delta": delta,
+            "empirical_epsilon": (s.get("empirical") or {}).get("epsilon_lower_bound"),
+            "empirical_unit": (s.get("empirical") or {}).get("unit"),
+            "empirical_canaries": (s.get("empirical") or {}).get("canaries"),
             "assumptions": assumptions,
+            "flag": run_flag(s),
         })
     return rows
+
+
+def _per_canary(canaries: Sequence[Mapping[str, Any]], key: str) -> list[float] | None:
+    vals = [float(c[key]) for c in canaries if c.get(key) is not None]
+    return vals if len(vals) == len(canaries) and vals else None
+
+
+def _seeded(rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Sequence[Mapping[str, Any]]], key: str) -> list[list[float]] | None:
+    """Per seed (row) of a group, the per-canary values of ``key`` (None if any seed lacks them)."""
+    out = []
+    for r in rows:
+        vals = _per_canary(canaries.get(r["run"], []), key)
+        if vals is None:
+            return None
+        out.append(vals)
+    return out
+
+
+def _target_text(rows: Sequence[Mapping[str, Any]]) -> str:
+    if rows[0].get("target_metric") is None:
+        return ""
+    reached = [r for r in rows if r.get("target_reached")]
+    at = rows[0].get("target_at") or "step"
+    parts = [f"{len(reached)}/{len(rows)} reached"] if len(rows) > 1 else (["reached"] if reached else ["missed"])
+    if reached:
+        whens = [r["target_when"] for r in reached]
+        parts.append(f"at {at} {whens[0]}" if len(whens) == 1 else f"at {at}s {min(whens)}–{max(whens)}")
+    return ", ".join(parts)
+
+
+def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    """One row per run group (a run's seeds together), ordered by privacy unit (not private,
+    example, client-side, user) then experiment order, with COMPARISON_COLUMNS: RS/BS memorized
+    as counts out of ``canaries`` and exposure in bits, each the mean over seeds and canaries with
+    its 95% hierarchical bootstrap interval; the headline utility's mean over seeds with its
+    interval (none with one seed); the secondary metrics' means; flags of any seed."""
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in run_rows:
+        groups.setdefault(r["group"], []).append(r)
+    out = []
+    for name, rows in groups.items():
+        first = rows[0]
+        n = first.get("canaries")
+        row: dict[str, Any] = {k: first.get(k) for k in ("training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries", "utility_metric", "utility_label", "epsilon", "delta", "assumptions")}
+        row.update(run=name, seeds=len(rows), runs=[r["run"] for r in rows])
+        for key, col in (("rs_memorized", "rs_memorized"), ("bs_memorized", "bs_memorized"), ("exposure", "exposure_mean")):
+            by_seed = _seeded(rows, canaries, key)
+            est = interval(by_seed) if by_seed else None
+            if est is not None and key != "exposure":
+                est = est.scaled(float(n or 0))
+            row[col if key == "exposure" else key] = est
+        row["exposure_max_bits"] = _mean([r.get("exposure_max_bits") for r in rows])
+        utilities = [r.get("test_utility") for r in rows]
+        row["test_utility"] = interval([[u] for u in utilities]) if all(u is not None for u in utilities) else None
+        row["test_accuracy"] = _mean([r.get("test_accuracy") for r in rows])
+        row["test_perplexity"] = _mean([r.get("test_perplexity") for r in rows])
+        row["test_f1"] = _mean([r.get("test_f1") for r in rows])
+        row["epsilon"] = _mean([r.get("epsilon") for r in rows])
+        row["empirical_epsilon"] = _mean([r.get("empirical_epsilon") for r in rows])
+        row["empirical_unit"] = first.get("empirical_unit")
+        row["target"] = _target_text(rows)
+        flags = [f"{r['run']}: {r['flag']}" if len(rows) > 1 else r["flag"] for r in rows if r.get("flag")]
+        row["flag"] = "; ".join(flags)
+        out.append(row)
+    order = {name: i for i, name in enumerate(groups)}
+    return sorted(out, key=lambda r: (UNIT_ORDER.get(r.get("privacy_unit"), 9), order[r["run"]]))
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    vals = [float(v) for v in values if v is not None]
+    return sum(vals) / len(vals) if vals and len(vals) == len(values) else None
+
+
+def group_csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """group_rows flattened for comparison.csv (each estimate as mean, low, high)."""
+    out = []
+    for r in rows:
+        flat = {k: v for k, v in r.items() if not isinstance(v, Estimate)}
+        for key, low, high in (("rs_memorized", "rs_memorized_low", "rs_memorized_high"), ("bs_memorized", "bs_memorized_low", "bs_memorized_high"),
+                               ("exposure_mean", "exposure_mean_low", "exposure_mean_high"), ("test_utility", "test_utility_low", "test_utility_high")):
+            est = r.get(key)
+            col = "exposure_mean_bits" if key == "exposure_mean" else key
+            flat[col], flat[low], flat[high] = (est.mean, est.low, est.high) if est is not None else (None, None, None)
+        out.append(flat)
+    return out
+
+
+def contrast_rows(contrasts: Sequence[Mapping[str, str]], run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Sequence[Mapping[str, Any]]], notes: list[str]) -> list[dict[str, Any]]:
+    """Each declared contrast a - b: RS memorized (canaries), exposure (bits) and the headline
+    utility (a fraction), paired by seed, with 95% bootstrap intervals. A contrast whose sides do
+    not share their seeds (or canary counts) is left out with a note."""
+    by_group: dict[str, list[Mapping[str, Any]]] = {}
+    for r in run_rows:
+        by_group.setdefault(r["group"], []).append(r)
+    out = []
+    for c in contrasts:
+        a, b = by_group.get(c["a"]), by_group.get(c["b"])
+        if not a or not b:
+            notes.append(f"contrast {c['name']!r}: {c['a'] if not a else c['b']} has no finished run")
+            continue
+        seeds_a, seeds_b = {r.get("seed"): r for r in a}, {r.get("seed"): r for r in b}
+        common = [s for s in seeds_a if s in seeds_b]
+        if not common:
+            notes.append(f"contrast {c['name']!r}: {c['a']} and {c['b']} share no seed")
+            continue
+        ra, rb = [seeds_a[s] for s in common], [seeds_b[s] for s in common]
+        n = ra[0].get("canaries") or 0
+        quantities = [("RS memorized (canaries)", "rs_memorized", float(n)), ("exposure mean (bits)", "exposure", 1.0)]
+        for label, key, scale in quantities:
+            va, vb = _seeded(ra, canaries, key), _seeded(rb, canaries, key)
+            if va is None or vb is None or [len(x) for x in va] != [len(x) for x in vb]:
+                continue
+            est = paired_difference(va, vb).scaled(scale)
+            out.append({"contrast": c["name"], "a": c["a"], "b": c["b"], "quantity": label, "difference": est.mean, "low": est.low, "high": est.high, "seeds": len(common)})
+        ua, ub = [r.get("test_utility") for r in ra], [r.get("test_utility") for r in rb]
+        if all(u is not None for u in ua + ub):
+            est = paired_difference([[u] for u in ua], [[u] for u in ub]).scaled(100.0)
+            out.append({"contrast": c["name"], "a": c["a"], "b": c["b"], "quantity": f"{ra[0].get('utility_label') or 'utility'} (points)", "difference": est.mean, "low": est.low, "high": est.high, "seeds": len(common)})
+    return out
 
 
 def unfinished_runs(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, Any]) -> list[str]:
@@ -180,9 +354,8 @@ def unfinished_runs(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, A
 
 
 def configuration_key(canary: Mapping[str, Any]) -> str:
-    """The audit's name of a canary's configuration, e.g. ``p_u=2e-05 p_e=0.01`` (pattern first
-    for masked-LM pattern canaries); the same string as audit.summarize uses."""
-    return (f"{canary['pattern']} " if canary.get("pattern") else "") + f"p_u={canary['p_u']:.3g} p_e={canary['p_e']:.3g}"
+    """The audit's name of a canary's configuration (:func:`fedpriv.memorization.audit.configuration_label`)."""
+    return configuration_label(canary)
 
 
 def _count(rows: Sequence[Mapping[str, Any]], key: str) -> int | None:
@@ -216,7 +389,8 @@ def configuration_rows(run_names: Sequence[str], canaries: Mapping[str, Sequence
                 "exposure_mean_bits": sum(exps) / len(exps) if exps else None,
                 "exposure_max_bits": max(exps) if exps else None,
             }
-        rows.append({"configuration": configuration_key({"pattern": pattern, "p_u": p_u, "p_e": p_e}), "pattern": pattern or None, "p_u": p_u, "p_e": p_e, "cells": cells})
+        planted = next(c for rs in by_run.values() for c in rs)
+        rows.append({"configuration": configuration_key(planted), "pattern": pattern or None, "p_u": p_u, "p_e": p_e, "cells": cells})
     return rows
 
 
@@ -303,9 +477,13 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def epsilon_text(epsilon: float | None, delta: float | None) -> str:
-    """'0.578 (δ = 0.0001)', or '∞' for a non-private run."""
-    return "∞" if epsilon is None else f"{epsilon:.3g} (δ = {delta:.3g})"
+def epsilon_text(epsilon: float | None, delta: float | None, unit: str | None = None) -> str:
+    """'0.578 per user (δ = 0.0001)', or '∞' for a non-private run: an epsilon never appears
+    without the unit it protects."""
+    if epsilon is None:
+        return "∞"
+    per = f" per {unit}" if unit else ""
+    return f"{epsilon:.3g}{per} (δ = {delta:.3g})"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -314,21 +492,48 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list
     return lines + ["| " + " | ".join(_cell(c) for c in row) + " |" for row in rows]
 
 
+def estimate_text(est: Estimate | None, fmt: str = ".3g", scale: float = 1.0, of: Any = None) -> str:
+    """'7.9 [5.1–10.8]' (mean and 95% interval), '2.5/18 [1–4]' with ``of``; the mean alone when
+    there is no interval; '—' for no data."""
+    if est is None:
+        return "—"
+    m = format(est.mean * scale, fmt)
+    head = f"{m}/{of}" if of is not None else m
+    if est.low is None:
+        return head
+    return f"{head} [{format(est.low * scale, fmt)}–{format(est.high * scale, fmt)}]"
+
+
 def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
-    """The comparison table as Markdown lines (accuracy in %, exposure in bits)."""
-    header = ["run", "training", "algorithm", "data", "batch", "RS memorized", "BS memorized", "exposure mean (bits)", "exposure max (bits)",
-              "test accuracy (%)", "test perplexity", "ε (δ)", "assumptions"]
-    body = [[
-        r["run"], r["training"], r["algorithm"], r["data"], "—" if r["batch"] is None else f"{r['batch']:g} {r['batch_unit']}",
-        _of(r["rs_memorized"], r["canaries"]), _of(r["bs_memorized"], r["canaries"]), _num(r["exposure_mean_bits"]), _num(r["exposure_max_bits"]),
-        "—" if r["test_accuracy"] is None else f"{100 * r['test_accuracy']:.2f}", _num(r["test_perplexity"], ".1f"),
-        epsilon_text(r["epsilon"], r["delta"]), r["assumptions"],
-    ] for r in rows]
-    if any(r.get("test_f1") is not None for r in rows):  # NER runs: entity F1 after the perplexity
-        header.insert(11, "test entity F1 (%)")
-        for line, r in zip(body, rows):
-            line.insert(11, "—" if r.get("test_f1") is None else f"{100 * r['test_f1']:.2f}")
+    """The comparison table (one row per run group) as Markdown lines: the headline utility in %
+    first among the utilities, then accuracy and perplexity; memorization with intervals."""
+    label = next((r.get("utility_label") for r in rows if r.get("utility_label")), "utility")
+    header = ["run", "seeds", "training", "algorithm", "data", "batch", "RS memorized", "BS memorized", "exposure mean (bits)", "exposure max (bits)",
+              f"test {label} (%)", "test accuracy (%)", "test perplexity", "utility target", "privacy unit", "ε (δ)", "flags", "assumptions"]
+    empirical = any(r.get("empirical_epsilon") is not None for r in rows)
+    if empirical:  # the attack's lower bound beside the accountant's upper bound, same δ and unit
+        header.insert(16, "empirical ε (95% lower bound)")
+    body = []
+    for r in rows:
+        n = r.get("canaries")
+        body.append([
+            r["run"], r.get("seeds", 1), r["training"], r["algorithm"], r["data"], "—" if r["batch"] is None else f"{r['batch']:g} {r['batch_unit']}",
+            estimate_text(r.get("rs_memorized"), ".3g", of=n), estimate_text(r.get("bs_memorized"), ".3g", of=n),
+            estimate_text(r.get("exposure_mean"), ".3g"), _num(r.get("exposure_max_bits")),
+            estimate_text(r.get("test_utility"), ".2f", 100.0), "—" if r.get("test_accuracy") is None else f"{100 * r['test_accuracy']:.2f}",
+            _num(r.get("test_perplexity"), ".1f"), r.get("target") or "—", UNIT_TITLES.get(r.get("privacy_unit"), str(r.get("privacy_unit"))),
+            epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit")), r.get("flag") or "", r.get("assumptions") or "",
+        ])
+        if empirical:
+            e = r.get("empirical_epsilon")
+            body[-1].insert(16, "—" if e is None else f"{e:.3g} per {r.get('empirical_unit')}")
     return markdown_table(header, body)
+
+
+def contrast_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The contrasts (a − b, mean and 95% interval, paired by seed) as Markdown lines."""
+    body = [[r["contrast"], f"{r['a']} − {r['b']}", r["quantity"], estimate_text(Estimate(r["difference"], r["low"], r["high"], r["seeds"], 0), "+.3g"), r["seeds"]] for r in rows]
+    return markdown_table(["contrast", "runs", "quantity", "difference [95% interval]", "seeds"], body)
 
 
 def configuration_cell(cell: Mapping[str, Any] | None) -> str:
@@ -358,27 +563,32 @@ def configuration_table_lines(rows: Sequence[Mapping[str, Any]], run_names: Sequ
     return markdown_table(["configuration", *runs], [*body, ["all", *totals]])
 
 
-def introduction(name: str, settings: Mapping[str, Any]) -> list[str]:
+def introduction(name: str, settings: Mapping[str, Any], label: str = "utility") -> list[str]:
     """The heading and the paragraph on how to read the tables."""
     cand = settings.get("rs_candidates")
     prefix, width, top = settings.get("rs_prefix", 2), settings.get("beam_width", 5), settings.get("beam_top", 5)
     return [
         f"# Memorization and privacy report: experiment {name}",
         "",
-        "Each row is one training run over the same planted corpus (the same held-out users and the same canaries), "
+        "Each row is one training run (with `seeds`, the runs of every seed together) over the same planted corpus (the same held-out users and the same canaries within a seed), "
         "laid out like Thakkar et al. (2021), Tables 1-2. "
         f"**RS memorized** k/n: of the n canaries, k have a lower log-perplexity after their {prefix}-word prefix than every one of "
         f"{f'{cand:,}' if cand is not None else 'the audit'} random suffixes (Random Sampling). "
         f"**BS memorized**: canaries whose suffix is among the top {top} beam-search (width {width}) continuations of their first word (Beam Search). "
         "**Exposure**, in bits, is log2 |R| − log2 rank of the canary among all possible suffixes R (Carlini et al. 2019; the rank is "
         "estimated from the sampled suffixes when R is large): a typical random suffix has about 1 bit, the maximum is log2 |R|. "
+        "Memorization and exposure are means over seeds and canaries with a 95% bootstrap interval [low–high] (seeds, then canaries "
+        "within a seed, drawn with replacement); with one seed the interval covers the canaries only. "
+        f"**Test {label}** is the headline utility, on the test users (never the validation users), mean over seeds with its interval "
+        "(none with one seed); accuracy and perplexity follow. "
+        "**Utility target**: with a `[utility]` target, each run stops at its first validation evaluation at or past it and is audited there; "
+        "a row that missed it (or whose model predicts one class, or only <oov>/<eos>) is flagged and is not comparable. "
         "**Data**: for central runs IID means records shuffled and non-IID users in random order with their records contiguous; "
         "for federated runs IID means records resharded over synthetic same-size users and non-IID the natural users. "
-        "**Batch** is records per step (central; the expected size under Poisson sampling) or users per round (federated). "
-        "Test accuracy (next-token, %) and perplexity are on the held-out users. "
-        "**ε** is at the δ shown; what it protects (one example or one user), the neighbouring relation "
-        "(add-or-remove-one or replace-one), the sampling and the accountant are stated in the assumptions column, "
-        "and epsilons under different assumptions are not directly comparable. ∞ / not private: no noise was added.",
+        "**Batch** is records (or users, for user-level DP-SGD) per step (central; the expected size under Poisson sampling) or users per round (federated). "
+        "Rows are grouped by **privacy unit**: an example-level ε protects one example, a user-level ε one user's whole data, "
+        "and the two are different promises. **ε** is at the δ shown; the neighbouring relation (add-or-remove-one or replace-one), "
+        "the sampling and the accountant are stated in the assumptions column. ∞ / not private: no noise was added.",
         "",
     ]
 
@@ -392,16 +602,23 @@ def comparison_markdown(
     notes: Sequence[str],
     plots: Sequence[str],
     settings: Mapping[str, Any] | None = None,
+    contrasts: Sequence[Mapping[str, Any]] = (),
 ) -> str:
-    """The whole comparison.md: introduction, comparison table, unfinished runs, the
-    by-configuration table, notes, and the plots as image links."""
-    lines = introduction(name, settings or {})
+    """The whole comparison.md: introduction, comparison table (one row per run group),
+    contrasts, unfinished runs, the by-configuration table, notes, and the plots as image links."""
+    label = next((r.get("utility_label") for r in rows if r.get("utility_label")), "utility")
+    lines = introduction(name, settings or {}, label)
     lines += comparison_table_lines(rows)
+    if contrasts:
+        lines += ["", "## Contrasts", "", "Differences a − b between run groups, paired by seed (and canary), with 95% bootstrap intervals; "
+                  "an interval that contains 0 does not show a difference.", ""]
+        lines += contrast_table_lines(contrasts)
     if unfinished:
         lines += ["", "Not finished (no summary.json): " + ", ".join(unfinished) + "."]
     lines += ["", "## Memorized canaries by configuration", "",
               "Rows are canary configurations (p_u: probability a user shares the canary; p_e: probability each of a sharer's "
-              "examples is replaced by it); cells are RS-memorized / BS-memorized of the canaries in that configuration (masked-LM canaries, which have no RS/BS test: mean and max exposure of the secret, in bits).", ""]
+              "examples is replaced by it); cells are RS-memorized / BS-memorized of the canaries in that configuration (masked-LM canaries, which have no RS/BS test: mean and max exposure of the secret, in bits); "
+              "with seeds, one column per run of each seed.", ""]
     lines += configuration_table_lines(config_rows, run_names) if config_rows else ["No audited run."]
     if notes:
         lines += ["", "## Notes", "", *(f"- {n}" for n in notes)]
@@ -437,10 +654,28 @@ def exposure_series(run_names: Sequence[str], summaries: Mapping[str, Mapping[st
 
 
 def utility_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """(run, epsilon or None, utility as a fraction, metric name) per row: the test entity F1 when
-    any run has one (NER: token accuracy is dominated by the O tag), else held-out accuracy."""
-    key, metric = ("test_f1", "entity F1") if any(r.get("test_f1") is not None for r in rows) else ("test_accuracy", "held-out accuracy")
-    return [{"run": r["run"], "epsilon": r["epsilon"], "accuracy": r[key], "metric": metric} for r in rows if r.get(key) is not None]
+    """(run, epsilon or None, utility as a fraction, metric name) per run row: the headline
+    utility (next-token accuracy without OOV and EOS, entity F1, masked-token accuracy)."""
+    label = next((r.get("utility_label") for r in rows if r.get("utility_label")), "utility")
+    return [{"run": r["run"], "epsilon": r["epsilon"], "accuracy": r["test_utility"], "metric": f"test {label}"} for r in rows if r.get("test_utility") is not None]
+
+
+def empirical_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """(run, accountant epsilon or None, empirical lower bound, unit) per run with an empirical audit."""
+    return [{"run": r["run"], "epsilon": r["epsilon"], "empirical": r["empirical_epsilon"], "unit": r.get("empirical_unit")}
+            for r in rows if r.get("empirical_epsilon") is not None]
+
+
+def along_series(run_names: Sequence[str], summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Per run audited along training: validation utility (fractions), exposure mean (bits) and
+    RS-memorized counts at each audited step."""
+    out = []
+    for run in run_names:
+        pts = [p for p in summaries[run].get("along", []) if p.get("validation_utility") is not None]
+        if pts:
+            out.append({"run": run, "utility": [p["validation_utility"] for p in pts], "exposure": [p.get("exposure_mean") for p in pts],
+                        "rs_memorized": [p.get("rs_memorized") for p in pts], "label": summaries[run].get("utility_label") or "utility"})
+    return out
 
 
 def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]:
@@ -453,7 +688,7 @@ def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]
             continue
         events = contents.ledgers.get(run["name"])
         if not events:
-            notes.append(f"{run['name']}: no {LEDGER_FILE}, so no epsilon curves.")
+            notes.append(f"{run['name']}: no {LEDGER}, so no epsilon curves.")
             continue
         if len(events) != 1:
             notes.append(f"{run['name']}: the ledger has {len(events)} mechanisms; epsilon curves need one.")
@@ -470,19 +705,24 @@ def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]
 def write_report(store: str | os.PathLike[str]) -> Path:
     """Write STORE/report/ (the files in the module docstring) and return that directory.
     FedprivError when STORE has no experiment.json."""
-    from fedpriv.report import plots
 
     store = Path(store)
     contents = read_store(store)
     out = store / REPORT_DIR
     out.mkdir(parents=True, exist_ok=True)
     names = [r["name"] for r in contents.runs if r["name"] in contents.summaries]
-    rows = comparison_rows(contents.runs, contents.summaries)
+    run_rows = comparison_rows(contents.runs, contents.summaries)
+    rows = group_rows(run_rows, contents.canaries)
     config_rows = configuration_rows(names, contents.canaries)
-    write_csv(out / "comparison.csv", COMPARISON_COLUMNS, rows)
+    notes: list[str] = []
+    contrasts = contrast_rows(contents.contrasts, run_rows, contents.canaries, notes)
+    write_csv(out / "runs.csv", RUN_COLUMNS, run_rows)
+    write_csv(out / "comparison.csv", COMPARISON_COLUMNS, group_csv_rows(rows))
+    (out / "contrasts.csv").unlink(missing_ok=True)
+    if contrasts:
+        write_csv(out / "contrasts.csv", CONTRAST_COLUMNS, contrasts)
     write_csv(out / "memorized_by_configuration.csv", CONFIGURATION_COLUMNS, configuration_csv_rows(config_rows))
 
-    notes: list[str] = []
     drawn: list[str] = []
     for stale in PLOT_FILES:  # a plot left from an earlier report must not outlive its data
         (out / stale).unlink(missing_ok=True)
@@ -506,21 +746,30 @@ def write_report(store: str | os.PathLike[str]) -> Path:
         drawn.append("epsilon_vs_parameters.png")
     elif not any(is_private(s) for s in contents.summaries.values()):
         notes.append("No differentially private run finished: epsilon_vs_parameters.png not drawn.")
-    points = utility_points(rows)
+    points = utility_points(run_rows)
     if points:
         plots.plot_utility_vs_epsilon(points, out / "utility_vs_epsilon.png")
         drawn.append("utility_vs_epsilon.png")
-    from fedpriv.report.chain import chains_markdown
+    empirical = empirical_points(run_rows)
+    if empirical:
+        plots.plot_empirical_vs_theoretical(empirical, out / "empirical_vs_theoretical.png")
+        drawn.append("empirical_vs_theoretical.png")
+        above = [p["run"] for p in empirical if p["epsilon"] is not None and p["empirical"] > p["epsilon"] * (1 + 1e-9)]
+        if above:
+            notes.append(f"PRIVACY BUG: the empirical lower bound exceeds the accountant's epsilon for {', '.join(above)}.")
+    along = along_series(names, contents.summaries)
+    if along:
+        plots.plot_memorization_vs_utility(along, out / "memorization_vs_utility.png")
+        drawn.append("memorization_vs_utility.png")
 
     chains = chains_markdown(contents.summaries)
     (out / "chains.md").unlink(missing_ok=True)
     if chains:
         (out / "chains.md").write_text(chains, encoding="utf-8")
         notes.append("Runs start from earlier runs: chains.md has each pretrained encoder's stages, composed epsilon and fine-tuned F1.")
-    from fedpriv.report.measure_runs import write_measurements
 
     if write_measurements(store, out) is not None:
         notes.append("Local privacy measurements (plausible deniability N_w / S_w, token inversion accuracy per eta): [measurements.md](measurements.md).")
-    md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, contents.summaries), notes, drawn, contents.audit_settings)
+    md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, contents.summaries), notes, drawn, contents.audit_settings, contrasts)
     (out / "comparison.md").write_text(md, encoding="utf-8")
     return out

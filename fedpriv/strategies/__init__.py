@@ -1,1 +1,3 @@
-"""Federated strategies: the shared server math (core) and Flower Strategy subclasses (flower)."""
+"""The server side of federated training: cohort sampling (:mod:`.sampling`), composed
+aggregators (:mod:`.aggregators`: weighted or clipped mean, Gaussian noise, adaptive clipping),
+and the server core every engine shares (:mod:`.server`: aggregator, server optimizer, DP budget)."""

@@ -35,7 +35,7 @@ from fedpriv.models.bert import BertConfig, BertTokenClassifier, transfer_encode
 from fedpriv.models.capture import apply_model
 from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.tasks.local_inputs import UserSide
-from fedpriv.tasks.mlm import DROPOUT_STREAM, PieceVocab, example_keys, resolve_config, row_seed
+from fedpriv.tasks.mlm import DROPOUT_STREAM, PieceVocab, example_keys, resolve_config, row_seed, words_beyond
 from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums
 
 IGNORE = -1
@@ -45,6 +45,7 @@ class BertNERTask(UserSide, Task):
     """BERT token classification for NER (see the module docstring)."""
 
     name = "bert_ner"
+    utility = ("f1", "entity F1")
 
     def __init__(
         self,
@@ -119,6 +120,13 @@ class BertNERTask(UserSide, Task):
         save_tokenizer(self, run_dir)
         if self.local is not None:
             self.local.save_record(run_dir, self.pretrained_from, "once per example (training and evaluation), key privatize_seed and the example's content")
+
+    @property
+    def length_limit(self) -> str:
+        return f"task.options.max_len = {self.max_len} pieces ([CLS] and [SEP] included)"
+
+    def words_cut(self, example: Example) -> int:
+        return words_beyond(self.vocab, example.words(), self.max_len - 2)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len

@@ -39,18 +39,13 @@ from flax import serialization
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.models.bert import PRESETS, BertConfig
+from fedpriv.rundir import CHECKPOINT, PARAMS, TOKENIZER, VOCABULARY
 from fedpriv.vocab.wordpiece import WordPieceVocab
 
-TOKENIZER_FILE = "tokenizer.json"
-#: The full record of where a run's vocabulary came from, with figures computed from the raw data
-#: (for the data owner and the report; never part of what a released tokenizer carries).
-VOCABULARY_FILE = "vocabulary.json"
 #: What ``tokenizer.json`` keeps of that record: the settings and what the DP guarantee covers.
 RELEASED_KEYS = ("source", "users", "vocab_size", "lowercase", "alphabet", "guarantee")
 RELEASED_DP_KEYS = ("mechanism", "unit", "epsilon", "delta", "delta_requested", "sigma", "laplace_scale", "threshold",
                     "tuple_size", "partition", "threshold_rule", "words_kept", "guarantee")
-PARAMS_FILE = "params.msgpack"
-CHECKPOINT_META = "checkpoint.json"
 FORMAT = "fedpriv-bert-tokenizer"
 #: BertConfig fields that fix the parameter shapes (dropout does not; vocab_size is the tokenizer's)
 SHAPE_FIELDS = ("hidden", "layers", "heads", "intermediate", "max_len", "type_vocab")
@@ -111,8 +106,8 @@ def save_tokenizer(task: Any, run_dir: str | os.PathLike[str]) -> Path:
     d.mkdir(parents=True, exist_ok=True)
     record = getattr(task, "vocabulary_record", None)
     if record is not None and getattr(task, "pretrained_from", None) is None:
-        write_json_atomic(d / VOCABULARY_FILE, record)
-    return write_json_atomic(d / TOKENIZER_FILE, tokenizer_record(task), indent=None)
+        write_json_atomic(d / VOCABULARY, record)
+    return write_json_atomic(d / TOKENIZER, tokenizer_record(task), indent=None)
 
 
 @dataclass
@@ -128,10 +123,10 @@ class Tokenizer:
 
 
 def load_tokenizer(run_dir: str | os.PathLike[str]) -> Tokenizer:
-    path = Path(run_dir) / TOKENIZER_FILE
+    path = Path(run_dir) / TOKENIZER
     if not path.is_file():
         raise ConfigError(
-            f"task.options.pretrained: {run_dir} has no {TOKENIZER_FILE}; it is not the run directory of a BERT "
+            f"task.options.pretrained: {run_dir} has no {TOKENIZER}; it is not the run directory of a BERT "
             "pretraining run (train one with task.kind = 'mlm' first)"
         )
     obj = read_json(path, "BERT tokenizer file")
@@ -180,9 +175,9 @@ def load_pretrained(path: str | os.PathLike[str], full: bool = False) -> Pretrai
             "against the current directory)"
         )
     tok = load_tokenizer(d)
-    params_file = d / PARAMS_FILE
+    params_file = d / PARAMS
     if not params_file.is_file():
-        meta = d / CHECKPOINT_META
+        meta = d / CHECKPOINT
         if meta.is_file():
             try:
                 step = json.loads(meta.read_text()).get("step")
@@ -190,9 +185,9 @@ def load_pretrained(path: str | os.PathLike[str], full: bool = False) -> Pretrai
                 step = "?"
             raise ConfigError(
                 f"task.options.pretrained: the run in {d} has a checkpoint at step {step} but did not finish (no "
-                f"{PARAMS_FILE}); run its `fedpriv train central` command again to finish it"
+                f"{PARAMS}); run its `fedpriv train central` command again to finish it"
             )
-        raise ConfigError(f"task.options.pretrained: the run in {d} has no checkpoint (no {PARAMS_FILE}); did the pretraining run start?")
+        raise ConfigError(f"task.options.pretrained: the run in {d} has no checkpoint (no {PARAMS}); did the pretraining run start?")
     try:
         tree = serialization.msgpack_restore(params_file.read_bytes())
     except Exception as e:  # msgpack raises several unrelated types on damaged input
@@ -201,15 +196,15 @@ def load_pretrained(path: str | os.PathLike[str], full: bool = False) -> Pretrai
         raise FedprivError(f"{params_file}: holds no BERT encoder (no 'encoder' parameters); is {d} a BERT run?")
     encoder = jax.tree_util.tree_map(jnp.asarray, tree["encoder"])
     step = None
-    if (d / CHECKPOINT_META).is_file():
+    if (d / CHECKPOINT).is_file():
         try:
-            step = int(json.loads((d / CHECKPOINT_META).read_text())["step"])
+            step = int(json.loads((d / CHECKPOINT).read_text())["step"])
         except (OSError, ValueError, KeyError, TypeError):
             step = None
     rows = _embedding_rows(encoder)
     if rows != len(tok.wordpiece):
         raise FedprivError(
-            f"{d / TOKENIZER_FILE} holds {len(tok.wordpiece)} tokens but the encoder in {params_file} embeds {rows}: "
+            f"{d / TOKENIZER} holds {len(tok.wordpiece)} tokens but the encoder in {params_file} embeds {rows}: "
             "the tokenizer is not the vocabulary this model was trained with"
         )
     params = jax.tree_util.tree_map(jnp.asarray, tree) if full else None
@@ -237,5 +232,5 @@ def check_compatible(pre: Pretrained, cfg: BertConfig, requested: str | BertConf
     if cfg.vocab_size != len(pre.tokenizer.wordpiece):
         raise ConfigError(
             f"task.options.pretrained: the model's vocabulary ({cfg.vocab_size} ids) is not the pretrained tokenizer's "
-            f"({len(pre.tokenizer.wordpiece)} tokens in {pre.run_dir / TOKENIZER_FILE})"
+            f"({len(pre.tokenizer.wordpiece)} tokens in {pre.run_dir / TOKENIZER})"
         )

@@ -38,7 +38,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.errors import FedprivError
+from fedpriv.jsonio import write_json_atomic
 from fedpriv.privacy.local.mechanisms import check_eta, guarantee_note, privatize_tokens_jit
+from fedpriv.rundir import PRIVATIZE
 
 #: Key streams of the fresh draws (the MLM task uses 0 for masking and 1 for dropout).
 INPUT_STREAM, SET_STREAM = 2, 3
@@ -114,9 +116,6 @@ class LocalInputs:
     def save_record(self, run_dir: str | os.PathLike[str], embeddings_from: Any, draws: str, **extra: Any) -> Path:
         """Write ``privatize.json`` into the run directory: this stage, its parameters and guarantee
         (the run summary carries it; the report's assumptions column states ``guarantee``)."""
-        from fedpriv.jsonio import write_json_atomic
-        from fedpriv.pipeline import PRIVATIZE_FILE
-
         record = {
             "stage": "user-side privatization of the BERT task's input pieces (Qu et al. 2021)",
             "mechanism": "txt",
@@ -128,7 +127,7 @@ class LocalInputs:
             **extra,
             "guarantee": guarantee_note(self.eta, "txt") + " Special pieces ([CLS], [SEP], [PAD], [UNK], [MASK]) are sent unchanged.",
         }
-        return write_json_atomic(Path(run_dir) / PRIVATIZE_FILE, record, indent=1)
+        return write_json_atomic(Path(run_dir) / PRIVATIZE, record, indent=1)
 
 
 class UserSide:

@@ -144,6 +144,15 @@ def example_keys(rng: jax.Array, seeds: jax.Array, stream: int) -> jax.Array:
     return jax.vmap(lambda s: jax.random.fold_in(base, s))(seeds.astype(jnp.uint32))
 
 
+def words_beyond(vocab: PieceVocab, words: Sequence[str], room: int) -> int:
+    """How many of ``words`` do not wholly fit in ``room`` pieces (the first that does not, and all after it)."""
+    for i, w in enumerate(words):
+        room -= len(vocab.word_ids(w))
+        if room < 0:
+            return len(words) - i
+    return 0
+
+
 def resolve_config(model: str | BertConfig, vocab_size: int, max_len: int, dropout: float | None) -> BertConfig:
     """The preset (or config) with the tokenizer's vocabulary size, and ``dropout`` if given."""
     if isinstance(model, str):
@@ -166,6 +175,7 @@ class MLMTask(UserSide, Task):
     """BERT masked-LM pretraining (see the module docstring)."""
 
     name = "mlm"
+    utility = ("accuracy", "masked-token accuracy")
 
     def __init__(
         self,
@@ -258,6 +268,13 @@ class MLMTask(UserSide, Task):
         if jax.tree_util.tree_structure(fresh) != jax.tree_util.tree_structure(self.pretrained) or shapes(fresh) != shapes(self.pretrained):
             raise FedprivError("the pretrained masked-LM parameters do not match this model (another BertConfig or vocabulary?)")
         return jax.tree_util.tree_map(jnp.array, self.pretrained)
+
+    @property
+    def length_limit(self) -> str:
+        return f"task.options.max_len = {self.max_len} pieces ([CLS] and [SEP] included)"
+
+    def words_cut(self, example: Example) -> int:
+        return words_beyond(self.vocab, example.words(), self.max_len - 2)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len

@@ -91,6 +91,7 @@ class TokenVocab:
 
 class NERTask(Task):
     name = "ner"
+    utility = ("f1", "entity F1")
 
     def __init__(
         self,
@@ -167,6 +168,13 @@ class NERTask(Task):
         z = jnp.zeros((1, self.max_len), jnp.int32)
         chars = jnp.zeros((1, self.max_len, self.char_width), jnp.int32) if self.char_dim else None
         return self.model.init(rng, z, z, jnp.ones((1,), jnp.int32), chars=chars)["params"]
+
+    @property
+    def length_limit(self) -> str:
+        return f"task.options.max_len = {self.max_len} tokens"
+
+    def words_cut(self, example: Example) -> int:
+        return max(0, len(example.words()) - self.max_len)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from fedpriv.tasks.base import prediction_histogram, top_share
+
 Chunk = tuple[str, int, int]  # (type, first index, last index), indices inclusive
 
 
@@ -157,6 +159,7 @@ def tagging_sums(gold, pred, length, tables, token_valid, mask, loss_sum) -> dic
     correct = jnp.sum((pred == gold) * token_valid, axis=1)
     tp, n_pred, n_gold = entity_counts_ids(gold, pred, length, tables)
     return {
+        "pred_hist": prediction_histogram(pred, token_valid * mask[:, None], len(tables.type_id)),
         "examples": jnp.sum(mask),
         "tokens": jnp.sum(jnp.sum(token_valid, axis=1) * mask),
         "loss_sum": loss_sum,
@@ -182,4 +185,5 @@ def summarize_tagging(sums) -> dict[str, float]:
         "entities_gold": int(sums["n_gold"]),
         "entities_pred": int(sums["n_pred"]),
         "entities_correct": int(sums["tp"]),
+        "pred_top_share": top_share(sums["pred_hist"]) if "pred_hist" in sums else 0.0,
     }

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -19,23 +20,33 @@ import optax
 
 from fedpriv.data.examples import Example
 from fedpriv.models.capture import apply_model
-from fedpriv.models.nwp import PRESETS, NWPConfig, NWPLSTM
-from fedpriv.tasks.base import Batch, Params, Task
+from fedpriv.models.nwp import NWPLSTM, PRESETS, NWPConfig
+from fedpriv.rundir import WORD_VOCAB
+from fedpriv.tasks.base import Batch, Params, Task, prediction_histogram, top_share
 from fedpriv.vocab.word import WordVocab
 
 
 class NWPTask(Task):
     name = "nwp"
+    utility = ("accuracy_no_oov_no_eos", "next-token accuracy without OOV and EOS")
 
     def __init__(self, vocab: WordVocab, seq_len: int = 20, model: str | NWPConfig = "small"):
         self.vocab = vocab
         self.seq_len = seq_len
+        self.length_limit = f"vocab.seq_len = {seq_len} words"
         cfg = PRESETS[model] if isinstance(model, str) else model
         self.cfg = NWPConfig(**{**cfg.__dict__, "vocab_size": len(vocab)})
         self.model = NWPLSTM(self.cfg)
 
+    def save_assets(self, run_dir) -> None:
+        """The word vocabulary (``vocab.json``): the run's ids read back without the corpus."""
+        self.vocab.save(Path(run_dir) / WORD_VOCAB)
+
     def init_params(self, rng: jax.Array) -> Params:
         return self.model.init(rng, jnp.zeros((1, self.seq_len), jnp.int32))["params"]
+
+    def words_cut(self, example: Example) -> int:
+        return max(0, len(example.words()) - self.seq_len)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         ids = self.vocab.encode_batch([e.text for e in examples], self.seq_len)
@@ -72,6 +83,8 @@ class NWPTask(Task):
             "correct_no_oov": jnp.sum(correct * no_oov),
             "tokens_no_oov_eos": jnp.sum(no_oov_eos),
             "correct_no_oov_eos": jnp.sum(correct * no_oov_eos),
+            "pred_oov_eos": jnp.sum(valid * ((pred == self.vocab.oov) | (pred == self.vocab.eos))),
+            "pred_hist": prediction_histogram(pred, valid, len(self.vocab)),
         }
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
@@ -83,6 +96,8 @@ class NWPTask(Task):
             "accuracy": sums["correct"] / tokens,
             "accuracy_no_oov": sums["correct_no_oov"] / max(sums["tokens_no_oov"], 1.0),
             "accuracy_no_oov_no_eos": sums["correct_no_oov_eos"] / max(sums["tokens_no_oov_eos"], 1.0),
+            "pred_oov_eos_share": sums.get("pred_oov_eos", 0.0) / tokens,
+            "pred_top_share": top_share(sums["pred_hist"]) if "pred_hist" in sums else 0.0,
             "examples": int(sums["examples"]),
             "tokens": int(sums["tokens"]),
         }

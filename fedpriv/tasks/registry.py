@@ -1,13 +1,22 @@
-"""Build the task an experiment config names, from the training corpus only."""
+"""Build the task an experiment config names, from the training corpus only: a built-in task
+(nwp, ner, mlm, bert-ner) or a plug-in (``task.kind = "package.module:ClassName"`` or an entry
+point, :mod:`fedpriv.tasks.plugins`), built by its ``from_config``."""
 
 from __future__ import annotations
 
 import inspect
 
-from fedpriv.config import ExperimentConfig
+from fedpriv.config import BUILTIN_TASKS, ExperimentConfig
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.tasks.base import Task
+from fedpriv.tasks.plugins import plugin_class
+
+
+def check_task(cfg: ExperimentConfig) -> None:
+    """Refuse a plug-in task that cannot be imported, before any data is read."""
+    if cfg.task.kind not in BUILTIN_TASKS:
+        plugin_class(cfg.task.kind)
 
 
 def _check_options(cls, options: dict, skip: set[str]) -> None:
@@ -40,7 +49,11 @@ def build_task(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
         return NERTask.from_examples(list(train.records()), **cfg.task.options)
     if kind in ("mlm", "bert-ner"):
         return _build_bert(cfg, train)
-    raise ConfigError(f"task.kind: unknown task {kind!r}")
+    cls = plugin_class(kind)
+    task = cls.from_config(cfg, train)
+    if not isinstance(task, Task):
+        raise ConfigError(f"task.kind = {kind!r}: {cls.__name__}.from_config returned a {type(task).__name__}, not a Task")
+    return task
 
 
 def learn_tokenizer(train: FederatedCorpus, size: int, lowercase: bool):

@@ -2,11 +2,11 @@
 the user (Qu et al. 2021; Feyisetan et al. 2020; the Vickrey mechanism of Xu et al. 2021).
 
 * :mod:`~fedpriv.privacy.local.mechanisms`: noise, M_rep, M_txt, Vickrey, sequences;
-* :mod:`~fedpriv.privacy.local.embeddings`: the embedding space (a fedpriv NWP run, or GloVe text);
+* :mod:`~fedpriv.privacy.local.embeddings`: the embedding space (and GloVe-style text files; a
+  fedpriv run's space is read by :mod:`fedpriv.runner.embeddings`);
 * :mod:`~fedpriv.privacy.local.corpus`: a corpus's users privatized user by user (``fedpriv
-  privatize`` and the ``[privatize]`` stage of the training pipeline);
-* :mod:`~fedpriv.privacy.local.measure`: plausible deniability statistics and embedding inversion;
-* :mod:`~fedpriv.privacy.local.cli`: ``fedpriv privatize``.
+  privatize`` and the ``[privatize]`` stage, :mod:`fedpriv.runner.privatize`);
+* :mod:`~fedpriv.privacy.local.measure`: plausible deniability statistics and embedding inversion.
 
 See docs/local_privacy.md.
 """
@@ -19,10 +19,9 @@ from typing import Any
 # Imported lazily (PEP 562), so `fedpriv --help` and the CLI's start do not load JAX.
 _WHERE = {
     "EmbeddingSpace": "embeddings",
-    "load_embeddings": "embeddings",
     "load_glove": "embeddings",
-    "load_run_embeddings": "embeddings",
     "TokenIndex": "mechanisms",
+    "check_text_mechanism": "mechanisms",
     "guarantee_note": "mechanisms",
     "nearest_tokens": "mechanisms",
     "privatize_representations": "mechanisms",
@@ -33,7 +32,6 @@ _WHERE = {
     "vickrey_probabilities": "mechanisms",
     "vickrey_select": "mechanisms",
     "vickrey_tokens": "mechanisms",
-    "privatize_training_corpus": "corpus",
     "privatize_users": "corpus",
     "corpus_words": "measure",
     "plausible_deniability": "measure",
@@ -51,11 +49,10 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "EmbeddingSpace",
     "TokenIndex",
+    "check_text_mechanism",
     "corpus_words",
     "guarantee_note",
-    "load_embeddings",
     "load_glove",
-    "load_run_embeddings",
     "nearest_tokens",
     "plausible_deniability",
     "plot_deniability",
@@ -63,7 +60,6 @@ __all__ = [
     "privatize_streams",
     "privatize_text",
     "privatize_tokens",
-    "privatize_training_corpus",
     "privatize_users",
     "sample_noise",
     "token_inversion",

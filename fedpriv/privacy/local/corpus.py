@@ -11,12 +11,12 @@ only on the seed, its position and its own words, never on how users are batched
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
 from fedpriv.data.examples import Example, TaggedExample, TextExample
-from fedpriv.errors import FedprivError, PrivacyParameterError
+from fedpriv.errors import FedprivError
 
 KEY_SCHEME = "user i (corpus order) uses fold_in(jax.random.key(seed), i); its token j (over its examples in order) fold_in(that, j)"
 NOT_COVERED = "user ids, the number of examples per user, the number of words per example and timestamps are copied as they are"
@@ -105,12 +105,12 @@ def privatize_users(
     space: Any,
     mechanism: str,
     eta: float,
-    t: Optional[float] = None,
+    t: float | None = None,
     k: int = 2,
     seed: int = 0,
     batch_tokens: int = 8192,
     casefold: bool = False,
-    stats: Optional[dict[str, int]] = None,
+    stats: dict[str, int] | None = None,
 ) -> Iterator[tuple[str, list[Example], list[list[str]]]]:
     """``(user_id, examples, new words of each example)`` for every user, in order.
 
@@ -120,7 +120,7 @@ def privatize_users(
     tokens per call (the last padded: one program shape), which does not change the output.
     ``casefold``: look a word the space lacks up lowercased (tagged corpora). ``stats`` (see
     :func:`new_stats`) is updated as users are read and privatized. Parameters are the caller's
-    to check (:func:`check_text_mechanism`)."""
+    to check (:func:`fedpriv.privacy.local.mechanisms.check_text_mechanism`)."""
     import jax
 
     from fedpriv.privacy.local.mechanisms import privatize_streams
@@ -143,7 +143,7 @@ def represent_users(
     eta: float,
     seed: int = 0,
     batch_tokens: int = 8192,
-    stats: Optional[dict[str, int]] = None,
+    stats: dict[str, int] | None = None,
 ) -> Iterator[tuple[str, list[Example], list[np.ndarray]]]:
     """``(user_id, examples, M_rep vectors of each example)`` for every user, in order: each word's
     embedding plus noise with density ∝ exp(-eta·||N||) (float32, (words, dim) per example), with
@@ -169,82 +169,3 @@ def privatized_example(ex: Example, words: list[str]) -> Example:
     if isinstance(ex, TaggedExample):
         return TaggedExample(tuple(words), ex.tags, ex.timestamp)
     return TextExample(" ".join(words), ex.timestamp)
-
-
-def check_text_mechanism(mechanism: str, eta: float, t: Optional[float], k: int) -> tuple[float, Optional[float]]:
-    """``(eta, t)`` for a mechanism that outputs words, or PrivacyParameterError (before any work):
-    rep (vectors), eta <= 0 or not finite, t outside [0, 1], t without vickrey or vickrey without t,
-    k < 2."""
-    from fedpriv.privacy.local.mechanisms import check_eta, check_mechanism, check_t
-
-    check_mechanism(mechanism)
-    if mechanism == "rep":
-        raise PrivacyParameterError(
-            "mechanism 'rep' (M_rep) adds noise to embeddings and outputs vectors, not words: it cannot privatize a "
-            "text corpus. Use 'txt' (nearest word to the noised embedding) or 'vickrey' (first or second nearest word)"
-        )
-    e = check_eta(eta)
-    if mechanism == "txt":
-        if t is not None:
-            raise PrivacyParameterError("t is the Vickrey tuning parameter: use it with mechanism 'vickrey' (txt is t = 0)")
-        return e, None
-    if t is None:
-        raise PrivacyParameterError("mechanism 'vickrey' needs t in [0, 1] (0 = txt; larger favours the second nearest word)")
-    tv = check_t(t)
-    if int(k) < 2:
-        raise PrivacyParameterError(f"k must be >= 2 for the Vickrey mechanism, got {k}")
-    return e, tv
-
-
-def privatize_training_corpus(corpus: Any, settings: Any, log: Callable[[str], None] | None = None) -> tuple[Any, dict[str, Any]]:
-    """The training users of ``corpus`` with every word privatized (``settings``: a
-    :class:`fedpriv.config.PrivatizeConfig` with its seed resolved, or anything with its
-    attributes), in the same user order, with the same examples per user and words per example
-    (tagged examples keep their tags); and the record of what was done (for ``privatize.json``).
-    Held in memory."""
-    import time
-
-    from fedpriv.data.corpus import FederatedCorpus
-    from fedpriv.data.stores import MemoryStore
-    from fedpriv.privacy.local.embeddings import load_embeddings
-    from fedpriv.privacy.local.mechanisms import guarantee_note
-
-    say = log or (lambda _m: None)
-    eta, t = check_text_mechanism(settings.mechanism, settings.eta, settings.t, settings.k)
-    k = int(settings.k)
-    t0 = time.perf_counter()
-    space = load_embeddings(settings.embeddings, settings.max_words, say)
-    say(
-        f"privatizing the {corpus.num_users} training users' words with {settings.mechanism} at eta = {eta:g}"
-        + (f", t = {t:g}, k = {k}" if t is not None else "")
-        + f" (seed {settings.seed}; embeddings {space.source}: {len(space):,} x {space.dim}, {space.allowed.size:,} output words)"
-    )
-    tagged = corpus.kind == "tagged"
-    stats = new_stats()
-    users: dict[str, list[Example]] = {}
-    for u, exs, new in privatize_users(corpus.users(), space, settings.mechanism, eta, t, k, int(settings.seed), casefold=tagged, stats=stats):
-        users[u] = [privatized_example(ex, words) for ex, words in zip(exs, new)]
-    order = list(corpus.user_ids)
-    out = FederatedCorpus(MemoryStore(users, corpus.kind), corpus.name).subset(order, name=f"{corpus.name}[privatized {settings.mechanism} eta={eta:g}]")
-    seconds = time.perf_counter() - t0
-    changed = stats["changed"] / max(1, stats["tokens"])
-    say(f"privatized {stats['tokens']:,} tokens in {seconds:.1f} s: {changed:.1%} changed, {stats['oov']:,} outside the embedding vocabulary")
-    record = {
-        "mechanism": settings.mechanism,
-        "eta": eta,
-        "t": t,
-        "k": k if settings.mechanism == "vickrey" else None,
-        "seed": int(settings.seed),
-        "embeddings": {"spec": str(settings.embeddings), **space.describe()},
-        "guarantee": guarantee_note(eta, settings.mechanism),
-        "keys": KEY_SCHEME,
-        "privatized": "the training users' words (after the held-out split and user filters); evaluation data is the original text",
-        "not_covered": NOT_COVERED_TAGGED if tagged else NOT_COVERED,
-        "users": stats["users"],
-        "examples": stats["examples"],
-        "tokens": stats["tokens"],
-        # Measured on the raw text (the training simulation holds it anyway); not part of the guarantee.
-        "raw_text_statistics": {"changed_fraction": changed, "oov_inputs": stats["oov"]},
-        "seconds": seconds,
-    }
-    return out, record

@@ -1,23 +1,15 @@
 """The embedding space the local mechanisms work in: words, their ids and vectors, and which ids
 may be output.
 
-* :func:`load_run_embeddings`: the input embedding table of a trained fedpriv NWP run
-  (``params["embed"]["embedding"]``, shape (K + 4, d)) and its vocabulary (ids 0 pad, 1..K words,
-  K+1 oov, K+2 bos, K+3 eos; see :mod:`fedpriv.vocab.word`). Allowed outputs: the K words (those
-  fedpriv's normalizer leaves unchanged, which is all of them for a corpus fedpriv normalized).
-* A finished fedpriv BERT run (``mlm`` or ``bert-ner``; :mod:`fedpriv.tasks.bert_run`): the rows
-  are the WordPiece vocabulary's pieces (``tokenizer.json``), the table is the encoder's
-  ``token_embed`` embedding (``params.msgpack``). Allowed outputs: every piece except [PAD] [UNK]
-  [CLS] [SEP] [MASK] and ``[unusedN]``; unknown input is the [UNK] row. Such a space measures
-  pieces, not words: :meth:`EmbeddingSpace.corpus_ids` turns corpus words into piece ids with the
-  run's tokenizer (lowercasing as it says), and text privatization refuses it (it would write
-  pieces in place of words).
+* a fedpriv run's space (an NWP run's words, a BERT run's WordPiece pieces) is read from its run
+  directory by :mod:`fedpriv.runner.embeddings`. A subword space measures pieces, not words:
+  :meth:`EmbeddingSpace.corpus_ids` turns corpus words into piece ids with the run's tokenizer,
+  and text privatization refuses it (it would write pieces in place of words).
 * :func:`load_glove`: a GloVe-style text file, one ``word v1 v2 ... vd`` per line (a word2vec
   text header ``count dim`` on the first line is accepted too). No download: give a local file.
   An extra ``<oov>`` row (the mean vector) is appended for words the file lacks. Allowed
   outputs: the words fedpriv's normalizer leaves unchanged (``normalize(w) == w``), so privatized
   text loads back exactly as written.
-* :func:`load_embeddings`: any of them, by what the path is (a directory: a run; a file: GloVe).
 
 Words outside the vocabulary are embedded at the OOV row, so every unknown word is the same point
 for the mechanisms: they are indistinguishable from each other, and the metric guarantee holds
@@ -132,90 +124,8 @@ class EmbeddingSpace:
         return f"EmbeddingSpace({self.source!r}, rows={len(self.words)}, dim={self.dim}, allowed={self.allowed.size})"
 
 
-# ---- a fedpriv run ---------------------------------------------------------------------------------
-BERT_TASKS = ("mlm", "bert-ner")
-
-
-def load_run_embeddings(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None) -> EmbeddingSpace:
-    """The input embedding table and vocabulary of a trained NWP run, or of a finished BERT run
-    (:func:`load_bert_run_embeddings`).
-
-    NWP: the vocabulary is rebuilt as training built it: the run's experiment config
-    (``run_config``) is loaded, its training corpora are resolved and the task is built (the first
-    steps of :func:`fedpriv.pipeline.prepare`; canary planting and encoding are skipped, as the
-    vocabulary is built before either). Then ``load_params`` reads the final parameters (or the
-    last checkpoint's) and ``params["embed"]["embedding"]`` is the table."""
-    import jax
-
-    from fedpriv.memorization.audit import load_params, run_config
-    from fedpriv.pipeline import load_training_corpora
-    from fedpriv.tasks.registry import build_task
-
-    run = Path(run_dir)
-    cfg = run_config(run)
-    if cfg.task.kind in BERT_TASKS:
-        return load_bert_run_embeddings(run, cfg.task.kind, cfg.name)
-    if cfg.task.kind != "nwp":
-        raise FedprivError(f"{run}: a {cfg.task.kind!r} run; embedding spaces come from NWP or BERT (mlm, bert-ner) runs or a GloVe-style text file")
-    train, _ = load_training_corpora(cfg, log or (lambda _m: None))
-    task = build_task(cfg, train)
-    vocab = task.vocab  # type: ignore[attr-defined]
-    params, where = load_params(run, task.init_params(jax.random.key(0)))
-    try:
-        table = np.asarray(params["embed"]["embedding"], dtype=np.float32)
-    except (KeyError, TypeError):
-        raise FedprivError(f"{run}: the parameters have no embed/embedding table") from None
-    if table.shape[0] != len(vocab):
-        raise FedprivError(f"{run}: the embedding table has {table.shape[0]} rows but the vocabulary {len(vocab)} ids")
-    k = len(vocab.words)
-    words = ["<pad>", *vocab.words, "<oov>", "<bos>", "<eos>"]
-    allowed = [i for i in range(1, k + 1) if _normalizer_fixed_point(words[i])]
-    if not allowed:
-        raise FedprivError(f"{run}: no vocabulary word is a normalized token")
-    return EmbeddingSpace(
-        words,
-        table,
-        allowed,
-        vocab.oov,
-        source=f"run {run} ({where})",
-        info={"kind": "fedpriv-nwp-run", "vocab_words": k, "experiment": cfg.name, "not_output": k - len(allowed)},
-    )
-
-
-def load_bert_run_embeddings(run_dir: str | os.PathLike[str], kind: str = "mlm", experiment: str | None = None) -> EmbeddingSpace:
-    """The WordPiece space of a finished BERT run: rows = the pieces of its ``tokenizer.json``,
-    table = the encoder's ``token_embed`` embedding of its final ``params.msgpack``, allowed = every
-    piece but [PAD] [UNK] [CLS] [SEP] [MASK] and [unusedN] (the masked LM's replacement pool),
-    unknown input = [UNK]. Corpus words become pieces with the run's tokenizer
-    (:meth:`EmbeddingSpace.corpus_ids`)."""
-    from fedpriv.tasks.bert_run import PARAMS_FILE, TOKENIZER_FILE, load_pretrained
-    from fedpriv.tasks.mlm import PieceVocab
-
-    run = Path(run_dir)
-    if not (run / TOKENIZER_FILE).is_file():
-        raise FedprivError(f"{run}: a {kind!r} run without {TOKENIZER_FILE}; is it a finished fedpriv BERT run?")
-    if not (run / PARAMS_FILE).is_file():
-        raise FedprivError(f"{run}: a {kind!r} run without final parameters ({PARAMS_FILE}); finish the run first")
-    pre = load_pretrained(run)
-    try:
-        table = np.asarray(pre.encoder["token_embed"]["embedding"], dtype=np.float32)
-    except (KeyError, TypeError):
-        raise FedprivError(f"{run / PARAMS_FILE}: the encoder has no token_embed/embedding table") from None
-    vocab = PieceVocab(pre.tokenizer.wordpiece, pre.tokenizer.lowercase)
-    return EmbeddingSpace(
-        vocab.tokens,
-        table,
-        vocab.pool,
-        vocab.unk,
-        source=f"run {run} (final parameters)",
-        info={"kind": "fedpriv-bert-run", "task": kind, "pieces": len(vocab), "lowercase": vocab.lowercase,
-              "experiment": experiment, "not_output": len(vocab) - int(vocab.pool.size)},
-        pieces=vocab.word_ids,
-    )
-
-
 # ---- GloVe-style text -----------------------------------------------------------------------------
-def _normalizer_fixed_point(word: str) -> bool:
+def normalizer_fixed_point(word: str) -> bool:
     return tokenize(word) == [word]
 
 
@@ -282,7 +192,7 @@ def load_glove(path: str | os.PathLike[str], max_words: int | None = None) -> Em
         raise DataFormatError(p, None, f"the file has a vector for {OOV_WORD!r}, which fedpriv reserves for unknown words")
     table = np.stack(rows)
     oov = table.mean(axis=0, keepdims=True)
-    allowed = [i for i, w in enumerate(words) if _normalizer_fixed_point(w)]
+    allowed = [i for i, w in enumerate(words) if normalizer_fixed_point(w)]
     if not allowed:
         raise DataFormatError(p, None, "no word of the file is a normalized token (lowercase word or single punctuation mark)")
     return EmbeddingSpace(
@@ -301,25 +211,3 @@ def _is_float(x: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def load_embeddings(
-    spec: str | os.PathLike[str], max_words: int | None = None, log: Callable[[str], None] | None = None, pieces: bool = False
-) -> EmbeddingSpace:
-    """A run directory (NWP, or BERT when ``pieces``) or a GloVe-style text file, by what ``spec``
-    is. Without ``pieces`` a subword space (a BERT run) is refused: privatizing text needs a row
-    per word."""
-    p = Path(spec)
-    if p.is_dir():
-        if max_words is not None:
-            raise FedprivError("max_words applies to GloVe-style files, not to run directories")
-        space = load_run_embeddings(p, log)
-        if space.unit != "word" and not pieces:
-            raise FedprivError(
-                f"{p}: a BERT run's embedding space holds WordPiece pieces, not words; privatizing text needs word "
-                "embeddings (an NWP run or a GloVe-style file). BERT spaces are for measurements ([[measure]])."
-            )
-        return space
-    if p.is_file():
-        return load_glove(p, max_words)
-    raise FedprivError(f"{spec}: no such run directory or embeddings file")

@@ -583,3 +583,26 @@ def privatize_text(
     else:
         out = vickrey_tokens(key, ids, table, eta, t, k, allow)
     return [_word_of(vocab, int(i)) for i in out], guarantee_note(check_eta(eta), mechanism)
+
+
+def check_text_mechanism(mechanism: str, eta: float, t: float | None, k: int) -> tuple[float, float | None]:
+    """``(eta, t)`` for a mechanism that outputs words, or PrivacyParameterError (before any work):
+    rep (vectors), eta <= 0 or not finite, t outside [0, 1], t without vickrey or vickrey without t,
+    k < 2."""
+    check_mechanism(mechanism)
+    if mechanism == "rep":
+        raise PrivacyParameterError(
+            "mechanism 'rep' (M_rep) adds noise to embeddings and outputs vectors, not words: it cannot privatize a "
+            "text corpus. Use 'txt' (nearest word to the noised embedding) or 'vickrey' (first or second nearest word)"
+        )
+    e = check_eta(eta)
+    if mechanism == "txt":
+        if t is not None:
+            raise PrivacyParameterError("t is the Vickrey tuning parameter: use it with mechanism 'vickrey' (txt is t = 0)")
+        return e, None
+    if t is None:
+        raise PrivacyParameterError("mechanism 'vickrey' needs t in [0, 1] (0 = txt; larger favours the second nearest word)")
+    tv = check_t(t)
+    if int(k) < 2:
+        raise PrivacyParameterError(f"k must be >= 2 for the Vickrey mechanism, got {k}")
+    return e, tv

@@ -1,0 +1,53 @@
+"""User-level batches for central DP-SGD: each step samples USERS, each sampled user brings
+``k`` of its examples (jax-privacy's ``UserSelectionStrategy``; a user's examples are taken in a
+shuffled cycle, so a user with fewer than k examples repeats them).
+
+Sampling: Poisson (each user independently with q = B/N; jax-privacy's ``CyclicPoissonSampling``
+with a cycle of 1) or fixed-size (exactly B of N users without replacement, independently at
+every step: ``FixedBatchSampling``), the assumptions the accountant makes for add-or-remove-one
+and replace-one user. The iterator is replayed from the start when a run resumes, so step i's
+batch is a function of (seed, i), as every other batch in fedpriv.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+from jax_privacy.batch_selection import CyclicPoissonSampling, FixedBatchSampling, PartitionType, UserSelectionStrategy
+
+from fedpriv.errors import PrivacyParameterError
+
+USER_STREAM = 0x05E5
+
+
+class UserBatches:
+    """Step i's sampled users and their examples: an int array (users, k) of record indices
+    (records in corpus user order, ``counts[u]`` records for user u)."""
+
+    def __init__(self, counts: np.ndarray, sampling: str, batch: int, steps: int, examples_per_user: int, seed: int):
+        counts = np.asarray(counts, np.int64)
+        self.num_users = len(counts)
+        if sampling == "fixed" and batch > self.num_users:
+            raise PrivacyParameterError(f"training.batch_size = {batch} users > {self.num_users} training users: a fixed-size batch needs B <= N")
+        if sampling == "poisson":
+            base = CyclicPoissonSampling(sampling_prob=batch / self.num_users, iterations=steps, partition_type=PartitionType.INDEPENDENT)
+        else:
+            base = FixedBatchSampling(batch_size=batch, iterations=steps)
+        self.k = examples_per_user
+        self.strategy = UserSelectionStrategy(base, examples_per_user_per_batch=examples_per_user, shuffle_per_user=True)
+        self.user_ids = np.repeat(np.arange(self.num_users), counts)
+        self.seed = seed
+        self._it: Iterator[np.ndarray] | None = None
+        self._next = 0
+
+    def indices(self, step: int) -> np.ndarray:
+        """(users sampled at ``step``, k) record indices."""
+        if self._it is None or step < self._next:
+            self._it = self.strategy.batch_iterator(self.user_ids, np.random.default_rng([self.seed, USER_STREAM]))
+            self._next = 0
+        batch = None
+        while self._next <= step:
+            batch = next(self._it)
+            self._next += 1
+        return np.asarray(batch, np.int64).reshape(-1, self.k)

@@ -1,0 +1,408 @@
+"""The ``fedpriv`` command.
+
+Every subcommand has ``--help``. Errors fedpriv raises on purpose (bad input, impossible
+parameters) are printed as one line ``fedpriv: error: ...`` on stderr, exit code 2; an
+unexpected failure prints one line too (exit 1) unless ``FEDPRIV_DEBUG=1`` asks for the traceback.
+
+Every command that takes an experiment config takes ``--set KEY=VALUE`` (repeatable) to change
+one of its keys. Known-harmless third-party messages are filtered (:mod:`fedpriv.logs`);
+``-v`` (anywhere on the line) shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import click
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from fedpriv import __version__
+from fedpriv.cli.options import parse_options
+from fedpriv.cli.privacy import privacy_app
+from fedpriv.cli.privatize import privatize_app
+from fedpriv.cli.vocab import vocab_app
+from fedpriv.errors import FedprivError
+from fedpriv.logs import setup as setup_logs
+
+app = typer.Typer(
+    name="fedpriv",
+    help="Measure and reduce what language models memorize about the people in their training data.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+data_app = typer.Typer(help="Inspect federated corpora (users -> examples).", no_args_is_help=True)
+config_app = typer.Typer(help="Validate experiment configs.", no_args_is_help=True)
+train_app = typer.Typer(help="Train models: central (SGD, DP-SGD) or federated (FedAvg, DP-FedAvg).", no_args_is_help=True)
+app.add_typer(data_app, name="data")
+app.add_typer(config_app, name="config")
+app.add_typer(privacy_app, name="privacy")
+app.add_typer(train_app, name="train")
+app.add_typer(vocab_app, name="vocab")
+app.add_typer(privatize_app)  # one command: fedpriv privatize
+
+out = Console()
+err = Console(stderr=True)
+VERBOSE_FLAGS = ("-v", "--verbose")
+
+
+def _say(message: str) -> None:
+    """A progress line on stderr: one line whatever its length (no wrapping into a log file)."""
+    err.print(message, markup=False, highlight=False, soft_wrap=True)
+
+
+def _set_option():
+    return typer.Option([], "--set", help="Override a config key, KEY=VALUE (repeatable; VALUE read as JSON when it parses), e.g. --set training.steps=100.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"fedpriv {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True, help="Print the version and exit."),
+    verbose: bool = typer.Option(False, *VERBOSE_FLAGS, help="Show the third-party warnings fedpriv filters as known-harmless (also after a subcommand)."),
+) -> None:
+    """fedpriv: federated and central training with privacy, canaries and memorization audits."""
+    if verbose:
+        setup_logs(True)
+
+
+@data_app.command("inspect")
+def data_inspect(
+    source: str = typer.Argument(..., help="'shakespeare' (bundled), a path, or a 'synthetic:...' spec."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    format: Optional[str] = typer.Option(None, "--format", help="Override the format guessed from the path."),
+    option: list[str] = typer.Option([], "--option", "-o", help="Loader option KEY=VALUE (repeatable), e.g. users=sentences:10."),
+    top: int = typer.Option(20, "--top", min=0, help="How many frequent words to list."),
+    sample_users: Optional[int] = typer.Option(
+        None, "--sample-users", min=1, help="Token statistics over this many sampled users (default: all, or 1,000 above 2M examples)."
+    ),
+    seed: int = typer.Option(0, "--seed", help="Seed of the user sample."),
+) -> None:
+    """Print users, examples, tokens, per-user example counts and the most frequent words."""
+    from fedpriv.data.inspect import inspect_corpus
+    from fedpriv.data.sources import open_corpus
+
+    corpus = open_corpus(source, format=format, **parse_options(option))
+    stats = inspect_corpus(corpus, top_words=top, sample_users=sample_users, seed=seed)
+    if as_json:
+        print(json.dumps(stats, indent=2))
+        return
+    _print_stats(stats)
+
+
+def _print_stats(stats: dict) -> None:
+    per = stats["examples_per_user"]
+    t = Table(title=f"{stats['source']} ({stats['kind']})", show_header=False)
+    t.add_row("users", f"{stats['users']:,}")
+    t.add_row("examples", f"{stats['examples']:,}")
+    scope = "" if stats["token_stats_over_users"] == stats["users"] else f" (over {stats['token_stats_over_users']:,} sampled users)"
+    t.add_row("tokens" + scope, f"{stats['tokens']:,}")
+    if "tokens_estimated_total" in stats:
+        t.add_row("tokens, estimated total", f"{stats['tokens_estimated_total']:,}")
+    t.add_row("tokens per example", f"{stats['tokens_per_example']:.1f}")
+    t.add_row("distinct words" + scope, f"{stats['distinct_words']:,}")
+    t.add_row("examples per user", f"min {per['min']}, median {per['median']:g}, mean {per['mean']:.1f}, max {per['max']}")
+    for k, v in stats.get("load", {}).items():
+        t.add_row(f"load: {k}", str(v))
+    for note in stats.get("notes", []):
+        t.add_row("note", note)
+    for k, v in stats.get("entities", {}).items():
+        t.add_row(f"entities: {k}", f"{v:,}")
+    out.print(t)
+    h = Table(title="users by examples held", min_width=30)
+    h.add_column("examples")
+    h.add_column("users", justify="right")
+    for b in per["histogram"]:
+        h.add_row(f"{b['min']}-{b['max']}" if b["max"] > b["min"] else str(b["min"]), f"{b['users']:,}")
+    out.print(h)
+    if stats["top_words"]:
+        w = Table(title="most frequent words", min_width=30)
+        w.add_column("word")
+        w.add_column("count", justify="right")
+        for row in stats["top_words"]:
+            w.add_row(row["word"], f"{row['count']:,}")
+        out.print(w)
+
+
+@config_app.command("check")
+def config_check(
+    path: Path = typer.Argument(..., help="An experiment TOML file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
+    set_: list[str] = _set_option(),
+) -> None:
+    """Validate an experiment config (or an experiment with [[runs]], every run resolved):
+    unknown keys and wrong types are refused by key path, a plug-in task is imported."""
+    import tomllib
+
+    from fedpriv.config import load_config
+
+    overrides = parse_options(set_, "--set")
+    if path.suffix == ".toml" and path.is_file() and "runs" in tomllib.loads(path.read_text(encoding="utf-8")):
+        from fedpriv.runner.grid import read_experiment
+
+        exp = read_experiment(path, overrides)
+        name, specs = exp.name, exp.runs
+        for spec in specs:
+            _check_task(spec.config)
+        if as_json:
+            doc: dict = {"name": name, "runs": [s.record() for s in specs]}
+            if exp.measures:
+                doc["measures"] = [m.model_dump() for m in exp.measures]
+            print(json.dumps(doc, indent=2))
+        else:
+            measures = f"; {len(exp.measures)} measurements: {', '.join(m.name for m in exp.measures)}" if exp.measures else ""
+            out.print(f"{path}: ok (experiment {name!r}, {len(specs)} runs: {', '.join(s.name for s in specs)}{measures})")
+        return
+    cfg = load_config(path, overrides)
+    _check_task(cfg)
+    if as_json:
+        print(json.dumps(cfg.model_dump(), indent=2))
+    else:
+        out.print(f"{path}: ok (experiment {cfg.name!r}, source {cfg.data.source!r})")
+
+
+def _check_task(cfg) -> None:  # noqa: ANN001
+    """Import a plug-in task now, so a wrong path is an error of the config."""
+    from fedpriv.config import BUILTIN_TASKS
+
+    if cfg.task.kind not in BUILTIN_TASKS:
+        from fedpriv.tasks.registry import check_task
+
+        check_task(cfg)
+
+
+def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str]) -> dict:
+    """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
+    from fedpriv.config import load_config
+    from fedpriv.runner.dispatch import train_run
+    from fedpriv.runner.prepare import prepare
+    from fedpriv.runner.summary import train_summary
+
+    say = None if as_json else _say
+    cfg = load_config(config, parse_options(set_, "--set"))
+    if kind == "federated" and cfg.federated is None:
+        raise FedprivError(f"{config}: no [federated] section (see experiments/fedavg-shakespeare.toml)")
+    prepared = prepare(cfg, log=say)
+    default = Path("runs") / (cfg.name if kind == "central" else f"{cfg.name}-federated")
+    run_dir = out_dir or default
+    result = train_run(prepared, run_dir, kind, engine, stop_after, say)
+    return train_summary(prepared, kind, run_dir, result, engine)
+
+
+def _print_summary(title: str, summary: dict) -> None:
+    t = Table(title=title, show_header=False)
+    for k, v in summary.items():
+        if isinstance(v, list):
+            for item in v:
+                t.add_row(k.replace("_", " ").removesuffix("s"), str(item))
+            continue
+        t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v))
+    out.print(t)
+
+
+@train_app.command("central")
+def train_central_cmd(
+    config: Path = typer.Argument(..., help="Experiment TOML with [data], [task] and [training]."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
+    set_: list[str] = _set_option(),
+) -> None:
+    """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
+    summary = _train(config, "central", out, None, as_json, stop_after, set_)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(f"experiment {summary['experiment']}", summary)
+
+
+@train_app.command("federated")
+def train_federated_cmd(
+    config: Path = typer.Argument(..., help="Experiment TOML with a [federated] section."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="vectorized (in-process JAX) or flower (Flower simulation); default: the config's federated.engine."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
+    set_: list[str] = _set_option(),
+) -> None:
+    """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
+    summary = _train(config, "federated", out, engine, as_json, stop_after, set_)
+    if as_json:
+        print(json.dumps(summary, indent=2))
+    else:
+        _print_summary(f"experiment {summary['experiment']} ({summary['engine']})", summary)
+
+
+@app.command("run")
+def run_cmd(
+    experiment: Path = typer.Argument(..., help="Experiment TOML with [[runs]] (see experiments/demo.toml)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes."),
+    set_: list[str] = typer.Option([], "--set", help="Override an experiment key, KEY=VALUE (repeatable), e.g. --set data.source=Posts.xml."),
+    report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
+    as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
+    stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
+    only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
+) -> None:
+    """Train and audit every run of an experiment (central and federated, one planted corpus)."""
+    from fedpriv.runner.store import run_experiment
+
+    say = None if as_json else _say
+    names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
+    store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_, "--set"), stop_after, say, names)
+    written = None
+    if complete and report:
+        from fedpriv.report.tables import write_report
+
+        written = write_report(store)
+    if as_json:
+        print(json.dumps({"store": str(store), "complete": complete, "runs": summaries, "report": str(written) if written else None}, indent=2))
+        return
+    if not complete:
+        again = f" --only {only}" if only else ""
+        out.print(f"stopped with a checkpoint; run `fedpriv run {experiment}{again}` again to resume ({store})")
+        return
+    if written is not None:
+        out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
+        out.print(f"report: {written}")
+
+
+@app.command("report")
+def report_cmd(
+    store: Path = typer.Argument(..., help="A run store written by fedpriv run."),
+) -> None:
+    """Write the comparison report of a run store: Markdown and CSV tables, PNG plots."""
+    from fedpriv.report.tables import write_report
+
+    written = write_report(store)
+    out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
+    out.print(f"report: {written}")
+
+
+@app.command("audit")
+def audit_cmd(
+    run_dir: Path = typer.Argument(..., help="A trained run directory (from fedpriv train) whose experiment has [canaries] (or, with --empirical, [audit] empirical = true)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the audit as JSON."),
+    candidates: Optional[int] = typer.Option(None, "--candidates", min=1, help="Random Sampling: random suffixes per canary (default: the config's audit.rs_candidates)."),
+    empirical: bool = typer.Option(False, "--empirical", help="The empirical privacy audit instead: a lower bound on epsilon from the run's audit canaries (empirical.json)."),
+    set_: list[str] = typer.Option([], "--set", help="Override an audit key of the run's config, audit.KEY=VALUE (repeatable), e.g. --set audit.beam_width=10."),
+) -> None:
+    """Memorization audit: Random Sampling, Beam Search, exposure and extraction (NWP); the
+    secret sharer's exposure (masked LM); Random Sampling by the task's loss (plug-in tasks).
+    Writes audit.json and audit.md into RUN_DIR. With --empirical: the one-run lower bound on
+    epsilon from the audit canaries, beside the accountant's epsilon, into empirical.json."""
+    from fedpriv.rundir import AUDIT_MD, EMPIRICAL
+    from fedpriv.runner.audit import audit_run, empirical_audit
+
+    say = None if as_json else _say
+    if empirical:
+        report = empirical_audit(run_dir, say)
+        if as_json:
+            print(json.dumps(report, indent=2))
+            return
+        _print_summary(f"empirical privacy of {run_dir} (per {report['unit']})", {k: v for k, v in report.items() if k not in ("score",)})
+        out.print(f"written: {run_dir / EMPIRICAL}")
+        return
+    report = audit_run(run_dir, candidates, say, overrides=parse_options(set_, "--set"))
+    if as_json:
+        print(json.dumps(report, indent=2))
+        return
+    _print_audit(report)
+    out.print(f"written: {run_dir / AUDIT_MD} and audit.json")
+
+
+# Short headers so the per-canary table fits an 80-column terminal (audit.md has the long names).
+AUDIT_HEADERS = {"insertions": "ins.", "rs_memorized": "RS", "rs_rank": "RS rank", "bs_memorized": "BS", "exposure": "exp.", "exposure_extrapolated": "exp. fit",
+                 "inserted": "ins.", "exposure_mean": "exp. mean", "exposure_max": "exp. max", "canary_loss": "loss"}
+
+
+def _print_audit(report: dict) -> None:
+    from fedpriv.memorization.audit import canary_table_columns, fmt_value
+
+    cols = canary_table_columns(report["task"])
+    t = Table(title=f"canaries ({report['parameters']}; exposure in bits)")
+    for c in cols:
+        t.add_column(AUDIT_HEADERS.get(c, c.replace("_", " ")), overflow="fold")
+    for r in report["canaries"]:
+        t.add_row(*(fmt_value(r.get(c)) for c in cols))
+    out.print(t)
+    s = Table(title="summary by configuration")
+    total = report["summary"]["total"]
+    keys = list(total)
+    labels = [*report["summary"]["by_configuration"], "all"]
+    s.add_column("configuration", no_wrap=True, min_width=max(len(n) for n in labels))  # never cut a label
+    for k in keys:
+        s.add_column(AUDIT_HEADERS.get(k, k.replace("_", " ")), overflow="fold")
+    for name, b in [*report["summary"]["by_configuration"].items(), ("all", total)]:
+        s.add_row(name, *(fmt_value(b[k]) for k in keys))
+    out.print(s)
+    for name, m in (report.get("extraction") or {}).items():
+        out.print(f"extraction, {name} prefixes: {m['examples']} examples, exact match {fmt_value(m.get('exact_match'))}, token accuracy {fmt_value(m.get('token_accuracy'))}, median edit distance {fmt_value(m.get('median_edit_distance'))}")
+
+
+@app.command("demo")
+def demo(
+    config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment to run."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    set_: list[str] = _set_option(),
+    only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME]."),
+) -> None:
+    """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
+    on the bundled Shakespeare) and its report."""
+    run_cmd(config, out_dir, set_, True, as_json, None, only)
+
+
+def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
+    """``argv`` without its ``-v``/``--verbose`` flags (allowed after a subcommand too), and whether it had one."""
+    end = argv.index("--") if "--" in argv else len(argv)
+    kept = [a for i, a in enumerate(argv) if i >= end or a not in VERBOSE_FLAGS]
+    return kept, len(kept) < len(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: runs the app and turns every error into one line and an exit code."""
+    debug = os.environ.get("FEDPRIV_DEBUG") == "1"
+    argv, verbose = _take_verbose(list(sys.argv[1:] if argv is None else argv))
+    setup_logs(verbose or None)
+    try:
+        app(args=argv, standalone_mode=False, prog_name="fedpriv")
+        return 0
+    except FedprivError as e:
+        if debug:
+            raise
+        err.print(f"fedpriv: error: {e}", markup=False, highlight=False, soft_wrap=True)
+        return 2
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code
+    except click.exceptions.Abort:
+        err.print("fedpriv: interrupted", markup=False)
+        return 130
+    except KeyboardInterrupt:
+        err.print("fedpriv: interrupted", markup=False)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except Exception as e:  # noqa: BLE001 - one line, not a traceback, unless asked
+        if debug:
+            raise
+        msg = f"{type(e).__name__}: {e}".splitlines()[0] if str(e) else type(e).__name__
+        err.print(f"fedpriv: internal error: {msg} (set FEDPRIV_DEBUG=1 for the traceback)", markup=False, soft_wrap=True)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""What every federated engine shares: the setup built once per experiment, the small engine
+protocol, and the rounds as a stepper of the one training loop.
+
+An engine is anything with a ``name`` and ``round(round_, state) -> (state, info)``: it runs the
+cohort's client updates (in-process: :mod:`fedpriv.engines.vectorized`; through Flower:
+:mod:`fedpriv.engines.flower`) and finishes the round with the setup's
+:class:`~fedpriv.strategies.server.ServerCore`. :func:`train_federated` runs an engine's rounds
+under :func:`fedpriv.training.loop.run_loop`: resume, evaluation, metrics, checkpoints (the
+state: global model, server optimizer, clip state; the sampler needs none, round r's cohort is a
+function of (seed, r)) and the final parameters are the loop's, as for central training.
+
+A round's train row: mean local loss, clients, clip statistics, wall seconds, and epsilon with
+its guarantee (user-level for DP-FedAvg; record-level ``client_epsilon`` for client-side DP-SGD).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from fedpriv.clients.data import ClientData
+from fedpriv.clients.privacy import RecordLevelPrivacy
+from fedpriv.clients.update import ClientDP
+from fedpriv.errors import ConfigError
+from fedpriv.memorization.empirical import AuditCanaries, client_direction
+from fedpriv.rundir import LEDGER, RunDir
+from fedpriv.strategies.aggregators import DeltaAccumulator
+from fedpriv.strategies.sampling import Participation
+from fedpriv.strategies.server import ServerCore
+from fedpriv.tasks.base import Params
+from fedpriv.training.loop import LoopResult, Stepper, eval_text, init_key, run_loop
+from fedpriv.training.prepared import Prepared
+
+
+class FederatedSetup:
+    """What every engine needs, built once from a prepared experiment with a ``[federated]`` section."""
+
+    def __init__(self, prepared: Prepared, log: Callable[[str], None] | None = None):
+        cfg = prepared.config
+        if cfg.federated is None:
+            raise ConfigError(f"experiment {cfg.name!r} has no [federated] section")
+        if cfg.privacy is not None:
+            raise ConfigError("[privacy] (record-level DP-SGD) is for central training; federated runs take their privacy keys in [federated.dp] (strategy = 'dp-fedavg')")
+        self.prepared = prepared
+        self.config = cfg
+        self.fcfg = cfg.federated
+        self.seed = cfg.seed
+        self.task = prepared.task
+        self.data = ClientData(prepared.train_arrays, prepared.train.counts())
+        ac = prepared.audit_canaries
+        self.canary_clients = CanaryClients(ac, self.data.num_users) if ac is not None and ac.kind == "client" else None
+        extra = self.canary_clients.count if self.canary_clients is not None else 0
+        self.core = ServerCore(self.fcfg, self.data.num_users + extra, cfg.seed, log)
+        self.client_dp: ClientDP | None = None
+        self.record_level: RecordLevelPrivacy | None = None
+        self.participation: Participation | None = None
+        cdp = self.fcfg.client_dp
+        if cdp is not None:
+            self.client_dp = ClientDP(cdp.clip_norm, cdp.noise_multiplier, self.fcfg.local_batch_size)
+            self.record_level = RecordLevelPrivacy(cdp, self.fcfg.local_epochs)
+            self.participation = Participation(self.core.sampler)
+
+    def privacy_report(self, rounds: int) -> dict[str, Any]:
+        """User-level epsilon of the strategy, and record-level epsilon of client-side DP-SGD if on."""
+        out = self.core.privacy_report()
+        if self.record_level is not None:
+            out.update(self.record_level.report(self.participation.max_after(rounds)))
+        return out
+
+    def plan(self, user: int, round_: int) -> np.ndarray:
+        f = self.fcfg
+        return self.data.plan(user, round_, self.seed, f.local_epochs, f.local_batch_size, f.max_local_steps)
+
+    def initial_params(self) -> Params:
+        return self.task.init_params(init_key(self.seed))
+
+
+class CanaryClients:
+    """The member canary clients of an empirical audit with random-direction canaries (Andrew et
+    al. 2024): they join the population as users ``first .. first + count - 1``, hold no data,
+    and when sampled add their fixed direction, scaled to the round's clip norm S, to the round's
+    clipped sum like any client's delta (:func:`fedpriv.memorization.empirical.client_direction`)."""
+
+    def __init__(self, canaries: AuditCanaries, first: int):
+        self.seed = canaries.seed
+        self.canary_index = np.flatnonzero(canaries.included)  # population user first + j is canary canary_index[j]
+        self.first = first
+
+    @property
+    def count(self) -> int:
+        return int(len(self.canary_index))
+
+    def split(self, cohort: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the cohort's real users, its canary clients as population indices)."""
+        cohort = np.asarray(cohort)
+        return cohort[cohort < self.first], cohort[cohort >= self.first]
+
+    def add(self, acc: DeltaAccumulator, template: Params, canaries: np.ndarray) -> None:
+        """Add the sampled canary clients' directions (norm S) to the round's accumulator."""
+        if len(canaries) == 0:
+            return
+        norm = acc.clip_norm if np.isfinite(acc.clip_norm) else 1.0
+        dirs = [client_direction(self.seed, int(self.canary_index[u - self.first]), template, norm) for u in canaries]
+        acc.add(jax.tree_util.tree_map(lambda *x: jnp.stack(x), *dirs), np.ones(len(dirs)))
+
+
+class Engine(Protocol):
+    """Runs one round: the cohort's client updates and the server's aggregation."""
+
+    name: str
+
+    def round(self, round_: int, state: dict) -> tuple[dict, dict[str, Any]]: ...
+
+
+def client_loss_info(loss_sum: float, steps: int, examples: int) -> dict[str, Any]:
+    """The train row's client statistics: mean local step loss, local steps and examples."""
+    return {"loss": loss_sum / steps if steps else None, "local_steps": steps, "examples": examples}
+
+
+class RoundStepper(Stepper):
+    """Federated rounds under the one loop: step i is round i + 1 of ``engine``."""
+
+    kind = "federated"
+    unit = "round"
+
+    def __init__(self, setup: FederatedSetup, engine: Engine):
+        self.setup, self.engine = setup, engine
+        f = setup.fcfg
+        self.total, self.row_every, self.eval_every, self.checkpoint_every = f.rounds, 1, f.eval_every, f.checkpoint_every
+        self.title = f"federated {f.strategy} ({engine.name})"
+
+    def init_state(self, params: Params) -> dict:
+        return self.setup.core.init_state(params)
+
+    def step(self, state: dict, index: int) -> tuple[dict, dict[str, Any]]:
+        t0 = time.perf_counter()
+        state, info = self.engine.round(index + 1, state)
+        return state, {**info, "round_seconds": time.perf_counter() - t0}
+
+    def position(self, done: int) -> dict[str, Any]:
+        return {"round": done}
+
+    def train_row(self, done: int, infos: list[dict[str, Any]]) -> dict[str, Any]:
+        return {**infos[-1], **self.setup.privacy_report(done)}
+
+    def stop_reason(self, done: int) -> str | None:
+        return self.setup.core.stop_reason(done)
+
+    def describe(self, done: int, row: dict[str, Any], eval_rows: list[dict[str, Any]], seconds: float, since: int) -> str:
+        parts = [f"round {done}/{self.total}", f"clients {row.get('clients', 0)}"]
+        if row.get("loss") is not None:
+            parts.append(f"local loss {row['loss']:.4f}")
+        if row.get("client_epsilon") is not None:
+            parts.append(f"record-level client epsilon {row['client_epsilon']:.3g} (delta {row['client_delta']:g}, add-or-remove-one example)")
+        if row.get("clip_norm") is not None:
+            parts.append(f"clip {row['clip_norm']:.3g} (unclipped {row.get('unclipped_fraction', 0):.0%})")
+        if row.get("epsilon") is not None:
+            parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g}; {row['basis']})")
+        parts += eval_text(eval_rows)
+        parts.append(f"{seconds:.0f}s")
+        return ", ".join(parts)
+
+    def save(self, run: RunDir, done: int) -> None:
+        if self.setup.core.budget is not None:
+            self.setup.core.budget.save(run.file(LEDGER))
+
+    def resume(self, run: RunDir, done: int) -> None:
+        if self.setup.core.budget is not None:
+            self.setup.core.budget.resume(run.file(LEDGER), done)
+
+
+def train_federated(
+    setup: FederatedSetup,
+    engine: Engine,
+    run_dir: str | os.PathLike[str],
+    stop_after: int | None = None,
+    log: Callable[[str], None] | None = None,
+) -> LoopResult:
+    """Run (or resume) the experiment's rounds with ``engine`` (see the module docstring).
+    ``stop_after``: stop with a checkpoint once this many rounds are done (a kill, for tests)."""
+    run = RunDir(run_dir).create()
+    setup.prepared.save_assets(run.path)
+    meta = {"kind": "federated", "engine": engine.name, "experiment": setup.config.model_dump(), "utility": list(setup.task.utility)}
+    stepper = RoundStepper(setup, engine)
+    return run_loop(
+        stepper, setup.task, run, setup.seed, meta, setup.prepared.eval_arrays, setup.config.training.eval_batch_size, stop_after, log,
+        setup.prepared.target(), setup.config.audit.along,
+    )

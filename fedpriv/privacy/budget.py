@@ -1,0 +1,113 @@
+"""One DP budget for a training run: the noise, the ledger, the stop, the guarantee, the resume check.
+
+DP-SGD (a step = one logical batch of examples), DP-FedAvg (a step = one round of users) and
+client-side DP-SGD all hold one :class:`DPBudget`:
+
+* the noise multiplier is the one given, or calibrated on the run's planned steps to a target
+  epsilon (:func:`fedpriv.privacy.accounting.resolve_noise_multiplier`);
+* every step records one event (the sampled Gaussian mechanism of ``template``, with that noise)
+  in the :class:`~fedpriv.privacy.ledger.PrivacyLedger`;
+* with an epsilon budget, the run stops cleanly before a step would take epsilon above it;
+* :meth:`report` states epsilon at delta with its unit, neighbouring relation and sampling, and
+  :meth:`resume` refuses a ledger that does not match the checkpoint or these parameters.
+
+A noise multiplier of 0 is kept as "no noise" (:attr:`event` None): nothing is recorded and the
+guarantee reads "none".
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from fedpriv.errors import FedprivError, PrivacyParameterError
+from fedpriv.privacy.accounting import AccountantName, GaussianSteps, PrivacyAnswer, check_delta, epsilon_for, resolve_noise_multiplier, steps_within_budget
+from fedpriv.privacy.ledger import PrivacyLedger
+
+
+class DPBudget:
+    """The DP accounting of one run (see the module docstring).
+
+    ``template``: the mechanism of one step with noise multiplier 1 and ``steps`` = the planned
+    number of steps (what a target epsilon is calibrated on). ``key``: the config section, for
+    messages (e.g. ``privacy``, ``federated.dp``); ``step_word``: "step" or "round"."""
+
+    def __init__(
+        self,
+        template: GaussianSteps,
+        noise_multiplier: float | None,
+        target_epsilon: float | None,
+        delta: float,
+        accountant: AccountantName = "rdp",
+        epsilon_budget: float | None = None,
+        key: str = "privacy",
+        step_word: str = "step",
+        log: Callable[[str], None] | None = None,
+    ):
+        say = log or (lambda _m: None)
+        if (noise_multiplier is None) == (target_epsilon is None):
+            raise PrivacyParameterError(f"{key}: give exactly one of noise_multiplier or target_epsilon")
+        check_delta(delta)
+        self.delta, self.accountant, self.key, self.step_word = delta, accountant, key, step_word
+        self.epsilon_budget = epsilon_budget
+        self.planned = template.steps
+        self.noise_multiplier = resolve_noise_multiplier(template, noise_multiplier, target_epsilon, delta, accountant, say)
+        self.event: GaussianSteps | None = replace(template, noise_multiplier=self.noise_multiplier, steps=1) if self.noise_multiplier > 0 else None
+        self.max_steps = self.planned
+        if epsilon_budget is not None:
+            if self.event is None:
+                raise PrivacyParameterError(f"{key}.epsilon_budget needs a noise multiplier > 0")
+            self.max_steps = steps_within_budget(self.event, epsilon_budget, delta, accountant, self.planned, f"{key}.epsilon_budget", step_word, say)
+        self.ledger = PrivacyLedger()
+
+    def record(self) -> None:
+        """Record one step's event (nothing without noise)."""
+        if self.event is not None:
+            self.ledger.record(self.event)
+
+    def stop_reason(self, done: int) -> str | None:
+        """Why to stop after ``done`` steps (the next one would exceed the budget), or None."""
+        if self.max_steps < self.planned and done >= self.max_steps:
+            w = self.step_word
+            return f"stopping after {w} {done}: one more {w} would take epsilon above the budget {self.epsilon_budget} ({self.report()['guarantee']})"
+        return None
+
+    def answer(self) -> PrivacyAnswer | None:
+        """epsilon at delta of the recorded steps (None before any, or without noise)."""
+        if self.event is None or not self.ledger.entries:
+            return None
+        return self.ledger.epsilon(self.delta, self.accountant)
+
+    def report(self) -> dict[str, Any]:
+        """The train row's privacy columns: epsilon, delta, guarantee (every assumption), basis
+        (unit, neighbouring relation, sampling)."""
+        if self.event is None:
+            return {"epsilon": None, "delta": self.delta, "guarantee": "none (noise multiplier 0)", "basis": "no noise"}
+        a = self.answer()
+        if a is None:
+            return {"epsilon": 0.0, "delta": self.delta, "guarantee": f"no {self.step_word}s yet", "basis": self.event.basis()}
+        return {"epsilon": a.epsilon, "delta": a.delta, "guarantee": a.describe(), "basis": self.event.basis()}
+
+    def epsilon_after(self, steps: int) -> PrivacyAnswer:
+        """epsilon at delta after ``steps`` of this step's mechanism (no ledger involved)."""
+        if self.event is None:
+            raise PrivacyParameterError(f"{self.key}: no noise, so no epsilon")
+        return epsilon_for(self.event.with_steps(steps), self.delta, self.accountant)
+
+    def save(self, path: str | os.PathLike[str]) -> None:
+        if self.event is not None:
+            self.ledger.save(path)
+
+    def resume(self, path: str | os.PathLike[str], done: int) -> None:
+        """Restore the ledger of a run resumed after ``done`` steps; refuse one that does not
+        hold exactly ``done`` steps of this mechanism."""
+        if self.event is None:
+            return
+        ledger = PrivacyLedger.load(path)
+        if ledger.steps != done:
+            raise FedprivError(f"{path}: the privacy ledger holds {ledger.steps} {self.step_word}s but the checkpoint is at {self.step_word} {done}; use a new run directory")
+        if ledger.entries and not ledger.entries[-1].same_mechanism(self.event):
+            raise FedprivError(f"{path}: the privacy ledger was recorded with other DP parameters; use a new run directory")
+        self.ledger = ledger

@@ -1,0 +1,186 @@
+"""From an experiment config to what a trainer consumes: corpora, the task, encoded arrays.
+
+``prepare`` resolves the source, filters users, picks the evaluation data (``data.eval_source``,
+or users held out by a stable hash of their id), builds the task on the training users only (so
+evaluation data never shapes the vocabulary). With a ``[canaries]`` section it then plants the
+canaries in the training users (the vocabulary stays the clean one; see
+:mod:`fedpriv.memorization.canaries`) and encodes the planted records, so central and federated
+runs of one experiment see identical data. ``data.users = "iid"`` then reshards the planted
+records over users of the same sizes (the IID control of Thakkar et al. 2021).
+
+With a ``[privatize]`` section, :func:`load_training_corpora` replaces every word of the training
+users (after the held-out split and the user filters) by its locally privatized version (M_txt or
+Vickrey, :mod:`fedpriv.runner.privatize`), before the task is built: the vocabulary, the model and
+every engine see only privatized text, the evaluation data stays the original. Whatever rebuilds
+a run's task from its config (an audit) goes through the same function, so it rebuilds the same
+vocabulary (the mechanism is deterministic given ``privatize.seed``). The record of the mechanism and its guarantee goes to the run
+directory's ``privatize.json`` (:meth:`fedpriv.training.prepared.Prepared.save_assets`).
+
+Choices made without being asked are said once in the log (``note: ...``) and recorded in the run
+(``data.json``): the loaders' notes (synthetic users, dropped accounts, skipped rows) and how many
+examples the task cuts to its length limit (e.g. ``vocab.seq_len``), per split.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedpriv.config import VALIDATION, ExperimentConfig, load_config
+from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.data.sources import open_corpus
+from fedpriv.errors import ConfigError, FedprivError
+from fedpriv.memorization.canaries import plant_canaries
+from fedpriv.memorization.empirical import draw_audit_canaries, plant_audit_canaries
+from fedpriv.rundir import RunDir
+from fedpriv.runner.privatize import privatize_training_corpus
+from fedpriv.tasks.base import Batch, Task
+from fedpriv.tasks.registry import build_task, check_task
+from fedpriv.training.prepared import Prepared
+
+ENCODE_CHUNK = 4096
+
+
+@dataclass
+class Cuts:
+    """Examples of a split that the task's length limit cuts, and the words it drops."""
+
+    examples: int = 0
+    cut: int = 0
+    words: int = 0
+
+    def add(self, words_cut: int) -> None:
+        self.examples += 1
+        if words_cut > 0:
+            self.cut += 1
+            self.words += words_cut
+
+
+def encode_corpus(task: Task, corpus: FederatedCorpus, cuts: Cuts | None = None) -> Batch:
+    """All records of ``corpus`` (users in order) encoded by ``task``, in chunks; ``cuts`` (if
+    given) counts what the task's length limit drops (:meth:`~fedpriv.tasks.base.Task.words_cut`)."""
+    chunks: list[Batch] = []
+    buf = []
+    for ex in corpus.records():
+        if cuts is not None:
+            cuts.add(task.words_cut(ex))
+        buf.append(ex)
+        if len(buf) == ENCODE_CHUNK:
+            chunks.append(task.encode(buf))
+            buf = []
+    if buf:
+        chunks.append(task.encode(buf))
+    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def check_privatize(cfg: ExperimentConfig) -> None:
+    """Refuse a ``[privatize]`` section that cannot work, before any data is read (its parameters
+    were checked when the config was validated): embeddings that are not there, an unresolved
+    ``run:NAME`` reference, canaries (they would be planted after privatization, in the clear)."""
+    p = cfg.privatize
+    if p is None:
+        return
+    if p.embeddings.startswith("run:"):
+        raise ConfigError(
+            f"privatize.embeddings = {p.embeddings!r}: a run reference is resolved by `fedpriv run` in an experiment file "
+            "(to that run's directory in the store); give the path of a run directory or a GloVe-style file here"
+        )
+    where = Path(p.embeddings)
+    if not where.exists():
+        raise ConfigError(f"privatize.embeddings: {p.embeddings}: no such run directory or embeddings file")
+    if where.is_dir() and p.max_words is not None:
+        raise ConfigError("privatize.max_words applies to a GloVe-style file, not to a run directory")
+    if where.is_dir() and not RunDir(where).has_params():
+        raise ConfigError(f"privatize.embeddings: {p.embeddings}: the run has no final parameters (params.msgpack); finish it first")
+    if cfg.canaries is not None:
+        raise ConfigError(
+            "[privatize] with [canaries] is not supported: canaries are planted after the vocabulary is built, so they "
+            "would reach training unprivatized, and their memorization would not measure the local mechanism"
+        )
+
+
+def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> tuple[FederatedCorpus, dict[str, FederatedCorpus]]:
+    """(training users, evaluation corpora by name) of ``cfg``: loaded, filtered, split; with a
+    ``[privatize]`` section the training users' words privatized (``train.info["privatized"]``
+    holds the record)."""
+    check_privatize(cfg)
+    d = cfg.data
+    log(f"loading {d.source} ...")
+    corpus = open_corpus(d.source, format=d.format, **d.options)
+    for note in corpus.notes:
+        log(f"note: {note}")
+    if d.min_examples > 1:
+        corpus = corpus.with_min_examples(d.min_examples)
+    if d.max_examples_per_user is not None:
+        corpus = corpus.truncated(d.max_examples_per_user)
+    evals: dict[str, FederatedCorpus] = {}
+    if d.eval_source is not None:
+        evals["eval"] = open_corpus(d.eval_source, **d.eval_options)
+        for note in evals["eval"].notes:
+            log(f"note: data.eval_source: {note}")
+        if evals["eval"].kind != corpus.kind:
+            raise FedprivError(f"data.eval_source holds {evals['eval'].kind} examples but data.source holds {corpus.kind} ones")
+    elif d.heldout_fraction > 0:
+        corpus, evals["heldout"] = corpus.split_heldout_users(d.heldout_fraction, salt=f"{cfg.name}:{cfg.seed}")
+    if d.validation_fraction > 0:
+        corpus, evals[VALIDATION] = corpus.split_heldout_users(d.validation_fraction, salt=f"{cfg.name}:{cfg.seed}:validation")
+    if cfg.privatize is not None:
+        settings = cfg.privatize.model_copy(update={"seed": cfg.seed if cfg.privatize.seed is None else cfg.privatize.seed})
+        loaded = corpus.info
+        corpus, record = privatize_training_corpus(corpus, settings, log)
+        corpus.info = {**loaded, **corpus.info, "privatized": record}
+    return corpus, evals
+
+
+def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[str], None] | None = None) -> Prepared:
+    """Load, filter, split, build the task and encode (see the module docstring)."""
+    cfg = config if isinstance(config, ExperimentConfig) else load_config(Path(config))
+    say = log or (lambda _msg: None)
+    check_task(cfg)
+    train, evals = load_training_corpora(cfg, say)
+    privatized = train.info.get("privatized")
+    say(f"{train.num_users} training users, {train.num_examples} examples; building the {cfg.task.kind} task ...")
+    task = build_task(cfg, train)
+    manifest = None
+    if cfg.canaries is not None:
+        canary_seed = cfg.seed if cfg.canaries.seed is None else cfg.canaries.seed
+        train, manifest = plant_canaries(train, task, cfg.canaries, canary_seed, cfg.task.kind, say)
+    if cfg.data.users == "iid":
+        train = train.resharded_iid(cfg.seed)
+        say(f"users resharded IID: {train.num_users} users keep their example counts, records shuffled")
+    audit_canaries = None
+    kind = cfg.audit_canary_kind()
+    if kind is not None:
+        a = cfg.audit
+        seed = cfg.seed if cfg.canaries is None or cfg.canaries.seed is None else cfg.canaries.seed
+        audit_canaries = draw_audit_canaries(task, a.empirical_canaries, a.empirical_words, kind, seed)
+        train = plant_audit_canaries(train, audit_canaries)
+        say(f"empirical audit: {audit_canaries.count} {kind} canaries, {int(audit_canaries.included.sum())} included (each with probability 1/2)")
+    cuts = {name: Cuts() for name in ["training", *evals]}
+    arrays = encode_corpus(task, train, cuts["training"])
+    eval_arrays = {name: encode_corpus(task, c, cuts[name]) for name, c in evals.items()}
+    for note in cut_notes(task, cuts):
+        say(f"note: {note}")
+    return Prepared(cfg, train, evals, task, arrays, eval_arrays, manifest, privatized, audit_canaries=audit_canaries, data=data_record(train, evals, task, cuts))
+
+
+def cut_notes(task: Task, cuts: dict[str, Cuts]) -> list[str]:
+    """One line per split whose examples the task's length limit cut."""
+    return [
+        f"{task.length_limit}: {c.cut:,} of {c.examples:,} {name} examples ({c.cut / c.examples:.1%}) are longer and were cut ({c.words:,} words dropped)"
+        for name, c in cuts.items()
+        if c.cut and task.length_limit is not None
+    ]
+
+
+def data_record(train: FederatedCorpus, evals: dict[str, FederatedCorpus], task: Task, cuts: dict[str, Cuts]) -> dict:
+    """What ``data.json`` records: the notes said in the log, the loader's facts, the examples cut per split."""
+    notes = list(train.notes)
+    if "eval" in evals:
+        notes += [f"data.eval_source: {n}" for n in evals["eval"].notes]
+    facts = {k: v for k, v in train.info.items() if k not in ("notes", "privatized")}
+    return {"notes": notes + cut_notes(task, cuts), "length_limit": task.length_limit, "cut": {n: vars(c) for n, c in cuts.items()}, "source": facts}

@@ -1,0 +1,123 @@
+"""The server side of FedAvg, FedAvg+Clip and DP-FedAvg, shared by every engine.
+
+One round, for a cohort of users sampled from the whole population of N training users
+(:class:`~fedpriv.strategies.sampling.CohortSampler`): the cohort's deltas are aggregated by the
+strategy's composed aggregator (:mod:`fedpriv.strategies.aggregators`; :func:`make_aggregator`
+is the one place a strategy's name picks its composition), and the server optimizer applies the
+average delta as a pseudo-gradient (g = -average): SGD with the server learning rate by default
+(learning rate 1 = plain FedAvg), momentum or Adam.
+
+Privacy (dp-fedavg; McMahan et al. 2018, the fixed-round form of Thakkar et al. 2021, Algorithm 1):
+user-level DP. Each round is one Gaussian mechanism on a sampled cohort: fixed sampling (exactly
+m of N without replacement) is accounted under the replace-one-user relation (sensitivity 2S),
+Poisson sampling (each user with q = m/N) under add-or-remove-one-user (sensitivity S). The
+run's :class:`~fedpriv.privacy.budget.DPBudget` (the same as DP-SGD's) resolves z, records one
+event per round, stops at the epsilon budget and reports the guarantee.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import optax
+
+from fedpriv.config import FederatedConfig
+from fedpriv.privacy.accounting import GaussianSteps
+from fedpriv.privacy.budget import DPBudget
+from fedpriv.strategies.aggregators import AdaptiveClipping, Aggregator, ClippedMean, DeltaAccumulator, GaussianNoise, WeightedMean
+from fedpriv.strategies.sampling import CohortSampler
+from fedpriv.tasks.base import Params
+from fedpriv.training.optimizers import make_optimizer
+
+NOISE_STREAM = 0x401_5E
+STRATEGY_LABELS = {"fedavg": "FedAvg", "fedavg-clip": "FedAvg+Clip", "dp-fedavg": "DP-FedAvg"}
+
+
+def make_aggregator(fcfg: FederatedConfig, m: int, noise_multiplier: float) -> Aggregator:
+    """The composition a strategy names (see :mod:`fedpriv.strategies.aggregators`)."""
+    if fcfg.strategy == "fedavg":
+        return WeightedMean()
+    mean = ClippedMean(fcfg.clip_norm, float(m))
+    if fcfg.strategy == "fedavg-clip":
+        return mean
+    noised = GaussianNoise(mean, noise_multiplier)
+    dp = fcfg.dp
+    if not dp.adaptive_clip:
+        return noised
+    sigma_b = dp.clip_count_stddev if dp.clip_count_stddev is not None else m / 20.0
+    return AdaptiveClipping(noised, dp.target_unclipped_quantile, dp.clip_learning_rate, sigma_b)
+
+
+class ServerCore:
+    """Sampler, aggregator, server optimizer and DP budget of one experiment.
+
+    The state (a pytree, checkpointed every round) is ``{"params", "opt", "clip"}``; ``clip`` is
+    the aggregator's state (the current S; adaptive or fixed; 0 for fedavg).
+    """
+
+    def __init__(self, fcfg: FederatedConfig, population: int, seed: int, log: Callable[[str], None] | None = None):
+        self.fcfg = fcfg  # each strategy's keys were checked when the config was validated
+        self.seed = seed
+        self.population = population
+        self.strategy = fcfg.strategy
+        self.sampler = CohortSampler(population, fcfg.clients_per_round, fcfg.sampling, seed)
+        self.m = self.sampler.m
+        self.tx = make_optimizer(fcfg.server_optimizer, fcfg.server_learning_rate, fcfg.server_momentum)
+        self.budget: DPBudget | None = None
+        if fcfg.dp is not None:
+            d = fcfg.dp
+            template = GaussianSteps(fcfg.sampling, 1.0, population, float(self.m), fcfg.rounds, "user")
+            self.budget = DPBudget(template, d.noise_multiplier, d.target_epsilon, d.delta, d.accountant, d.epsilon_budget, "federated.dp", "round", log)
+        self.noise_multiplier = self.budget.noise_multiplier if self.budget is not None else 0.0
+        self.aggregator = make_aggregator(fcfg, self.m, self.noise_multiplier)
+        self.noise_base = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)
+        tx = self.tx
+
+        def apply(params, opt_state, average):
+            grads = jax.tree_util.tree_map(lambda a, p: (-a).astype(p.dtype), average, params)
+            updates, opt_state = tx.update(grads, opt_state, params)
+            return optax.apply_updates(params, updates), opt_state
+
+        self._apply = jax.jit(apply)
+
+    # ---- state ---------------------------------------------------------------------------------
+    def init_state(self, params: Params) -> dict:
+        return {"params": params, "opt": self.tx.init(params), "clip": self.aggregator.init()}
+
+    def current_clip(self, state: dict) -> float:
+        """S of this round (inf for FedAvg, which clips nothing)."""
+        return self.aggregator.clip_norm(state["clip"])
+
+    def accumulator(self, state: dict) -> DeltaAccumulator:
+        """An empty accumulator for a round from ``state``."""
+        return self.make_accumulator(state["params"], self.current_clip(state))
+
+    def make_accumulator(self, params: Params, clip_norm: float) -> DeltaAccumulator:
+        """fedavg: weighted by example count, no clip (``clip_norm`` ignored); otherwise uniform
+        weights, each delta clipped to ``clip_norm``."""
+        if self.aggregator.weighted:
+            return DeltaAccumulator(params, float("inf"), weighted=True)
+        return DeltaAccumulator(params, clip_norm, weighted=False)
+
+    # ---- one round -------------------------------------------------------------------------------
+    def finish_round(self, state: dict, round_: int, acc: DeltaAccumulator) -> tuple[dict, dict[str, Any]]:
+        """Aggregate the accumulated deltas, apply them; record the round's privacy."""
+        key = jax.random.fold_in(self.noise_base, round_)
+        average, clip_state, info = self.aggregator.finish(state["clip"], acc, key)
+        if average is None:
+            return state, info
+        if self.budget is not None:
+            self.budget.record()
+        params, opt = self._apply(state["params"], state["opt"], average)
+        return {"params": params, "opt": opt, "clip": clip_state}, info
+
+    # ---- privacy ---------------------------------------------------------------------------------
+    def privacy_report(self) -> dict[str, Any]:
+        if self.budget is None:
+            return {"epsilon": None, "guarantee": "none (no noise)"}
+        return self.budget.report()
+
+    def stop_reason(self, done: int) -> str | None:
+        return self.budget.stop_reason(done) if self.budget is not None else None

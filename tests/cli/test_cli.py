@@ -1,0 +1,176 @@
+"""The fedpriv command: --help everywhere, JSON statistics, one-line errors with non-zero exit."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from fedpriv.cli import main
+
+SUBCOMMANDS = [[], ["data"], ["data", "inspect"], ["config"], ["config", "check"], ["demo"], ["privacy"], ["privacy", "epsilon"], ["privacy", "calibrate"], ["privacy", "batch-sweep"], ["vocab"], ["vocab", "build"], ["train"], ["train", "central"], ["train", "federated"], ["run"], ["report"], ["audit"], ["privatize"]]
+
+
+@pytest.mark.parametrize("args", SUBCOMMANDS, ids=lambda a: " ".join(a) or "root")
+def test_every_subcommand_has_help(args, capsys):
+    assert main([*args, "--help"]) == 0
+    assert "Usage:" in capsys.readouterr().out
+
+
+def test_inspect_shakespeare_json(capsys):
+    assert main(["data", "inspect", "shakespeare", "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["users"] == 299 and stats["examples"] == 12625
+    per = stats["examples_per_user"]
+    assert per["min"] == 1 and per["max"] == 409
+    assert sum(b["users"] for b in per["histogram"]) == 299
+    assert stats["top_words"][0] == {"word": ",", "count": 19844}
+
+
+def test_inspect_coffee_dump_json(capsys, coffee_posts):
+    assert main(["data", "inspect", str(coffee_posts), "--json", "--top", "3"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["users"] == 115
+    assert stats["load"]["skipped_no_owner"] == 0 and stats["load"]["skipped_dropped_owner"] == 12
+    assert stats["notes"] == ["12 posts of account -1 (the Community account) dropped (drop_owners=['-1']; pass drop_owners=[] to keep them)"]
+    assert len(stats["top_words"]) == 3
+
+
+def test_inspect_conll_with_option(capsys, ncbi_train):
+    assert main(["data", "inspect", str(ncbi_train), "--json", "-o", "users=sentences:100"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["kind"] == "tagged" and stats["entities"] == {"Disease": stats["entities"]["Disease"]}
+    assert stats["examples_per_user"]["max"] == 100
+
+
+def test_human_output(capsys):
+    assert main(["data", "inspect", "shakespeare", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "299" in out and "most frequent words" in out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["data", "inspect", "no/such/file.jsonl"], "no such file or directory"),
+        (["data", "inspect", "shakespeare", "-o", "bogus=1"], "unknown option(s) bogus"),
+        (["data", "inspect", "shakespeare", "-o", "novalue"], "expected KEY=VALUE"),
+        (["config", "check", "no/such.toml"], "no such file"),
+    ],
+)
+def test_errors_are_one_line_with_exit_2(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedpriv: error:") and message in err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_usage_error_exits_non_zero(capsys):
+    assert main(["data", "inspect"]) == 2
+    assert "Missing argument" in capsys.readouterr().err
+
+
+def test_installed_command_prints_no_traceback(tmp_path):
+    bad = tmp_path / "bad.conll"
+    bad.write_text("a\tO\nb\tNOPE\n")
+    exe = [sys.executable, "-m", "fedpriv.cli"]
+    res = subprocess.run([*exe, "data", "inspect", str(bad)], capture_output=True, text=True)
+    assert res.returncode == 2
+    assert res.stderr.strip() == f"fedpriv: error: {bad}:2: tag 'NOPE' (the last column) is not O or B-/I-/E-/S-/L-/U-<type>; pass tag_column= to choose the column"
+    ok = subprocess.run([*exe, "--version"], capture_output=True, text=True)
+    assert ok.returncode == 0 and ok.stdout.startswith("fedpriv ")
+
+
+@pytest.mark.slow
+def test_config_check_and_demo(capsys, tmp_path):
+    assert main(["config", "check", "experiments/demo.toml"]) == 0
+    assert "ok (experiment 'demo', 16 runs" in capsys.readouterr().out
+    # The demo's own experiment, shortened: the same command path, a fraction of the steps.
+    text = open("experiments/demo.toml").read()
+    for old, new in [("seeds = [0, 1]", "seeds = [0]"), ("steps = 1500", "steps = 20"), ("steps = 300", "steps = 10"), ("steps = 60", "steps = 3"), ("rounds = 250", "rounds = 2"), ("rounds = 60", "rounds = 2"), ("rs_candidates = 20000", "rs_candidates = 300"), ("extraction_examples = 300", "extraction_examples = 20")]:
+        assert old in text, old
+        text = text.replace(old, new)
+    cfg = tmp_path / "demo.toml"
+    cfg.write_text(text)
+    assert main(["demo", "--json", "--config", str(cfg), "--out", str(tmp_path / "store")]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["complete"] and len(result["runs"]) == 8
+    sgd = result["runs"][0]
+    assert sgd["name"] == "sgd-iid-s0" and sgd["group"] == "sgd-iid" and 0 < sgd["steps"] <= 20 and sgd["eval_perplexity"] > 0
+    assert sgd["audit"]["total"]["canaries"] == 18
+    report = Path(result["report"])
+    assert (report / "comparison.md").is_file() and (report / "comparison.csv").is_file()
+    assert main(["demo", "--config", str(cfg), "--out", str(tmp_path / "store")]) == 0  # all runs skipped
+    assert "| dp-sgd-iid |" in capsys.readouterr().out
+
+
+QUICK = "experiments/fedavg-shakespeare-quick.toml"
+#: Every command that takes an experiment config: the parameter that names it, and an argv whose
+#: --set the config's validation must refuse naming the key (proof the override reached it).
+CONFIG_COMMANDS = {
+    ("config", "check"): (["config", "check", QUICK, "--set", "vocab.size=0"], "vocab.size: Input should be greater than or equal to 1"),
+    ("train", "central"): (["train", "central", QUICK, "--set", "training.batch_size=0"], "training.batch_size: Input should be greater than or equal to 1"),
+    ("train", "federated"): (["train", "federated", QUICK, "--set", "federated.rounds=0"], "federated.rounds: Input should be greater than or equal to 1"),
+    ("run",): (["run", "experiments/demo.toml", "--set", "vocab.size=0"], "vocab.size: Input should be greater than or equal to 1"),
+    ("demo",): (["demo", "--set", "federated.clients_per_round=0"], "federated.clients_per_round: Input should be greater than or equal to 1"),
+    ("audit",): (["audit", "{run}", "--set", "audit.beam_top=99"], "audit: beam_top (99) must be <= beam_width (5)"),
+}
+CONFIG_PARAMS = {"config", "experiment", "path", "run_dir"}
+
+
+def _commands(group, path=()):
+    for name, cmd in getattr(group, "commands", {}).items():
+        yield from _commands(cmd, (*path, name)) if hasattr(cmd, "commands") else [((*path, name), cmd)]
+
+
+def test_every_command_taking_a_config_accepts_set(tmp_path, capsys):
+    import typer
+
+    from fedpriv.cli import app
+    from fedpriv.config import load_config
+    from fedpriv.rundir import RunDir
+
+    commands = dict(_commands(typer.main.get_command(app)))
+    taking = {path for path, cmd in commands.items() if CONFIG_PARAMS & {p.name for p in cmd.params}}
+    assert taking == set(CONFIG_COMMANDS)
+    for path in taking:
+        assert "--set" in {o for p in commands[path].params for o in p.opts}, path
+    run = tmp_path / "run"
+    RunDir(run).create().write_config({"experiment": load_config(QUICK).model_dump()})
+    for path, (argv, message) in CONFIG_COMMANDS.items():
+        argv = [a.replace("{run}", str(run)) for a in argv]
+        assert main([*argv, "--out", str(tmp_path / "out")] if path in {("run",), ("demo",), ("train", "central"), ("train", "federated")} else argv) == 2, path
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1, (path, err)
+    assert main(["audit", str(run), "--set", "data.source=x"]) == 2
+    assert "fedpriv audit takes audit.* keys only" in capsys.readouterr().err
+
+
+def test_set_overrides_reach_the_resolved_config(capsys):
+    assert main(["config", "check", QUICK, "--json", "--set", "training.steps=7", "--set", "data.options={\"unit\": \"turn\"}"]) == 0
+    cfg = json.loads(capsys.readouterr().out)
+    assert cfg["training"]["steps"] == 7 and cfg["data"]["options"] == {"unit": "turn"}
+    assert main(["config", "check", "experiments/demo.toml", "--json", "--set", "vocab.seq_len=9"]) == 0
+    assert {r["config"]["vocab"]["seq_len"] for r in json.loads(capsys.readouterr().out)["runs"]} == {9}
+    assert main(["config", "check", QUICK, "--set", "vocab"]) == 2
+    assert "--set 'vocab': expected KEY=VALUE" in capsys.readouterr().err
+    assert main(["config", "check", QUICK, "--set", "vocab.size.x=1"]) == 2
+    assert "--set 'vocab.size.x': 'size' is not a table" in capsys.readouterr().err
+
+
+def test_verbose_flag_anywhere_on_the_line(monkeypatch, capsys):
+    monkeypatch.delenv("FEDPRIV_VERBOSE", raising=False)
+    assert main(["config", "check", QUICK]) == 0
+    assert os.environ["FEDPRIV_VERBOSE"] == "0"
+    assert main(["config", "check", QUICK, "-v"]) == 0 and os.environ["FEDPRIV_VERBOSE"] == "1"
+    assert main(["--verbose", "config", "check", QUICK]) == 0 and os.environ["FEDPRIV_VERBOSE"] == "1"
+    assert "ok (experiment" in capsys.readouterr().out
+
+
+def test_run_only_names_existing_runs(tmp_path, capsys):
+    assert main(["run", "experiments/demo.toml", "--only", "sgd-iid,nope", "--out", str(tmp_path / "s")]) == 2
+    err = capsys.readouterr().err
+    assert "--only sgd-iid,nope: no run named 'nope'; the runs are sgd-iid, sgd-noniid" in err  # a group names every seed of a run
+    assert not (tmp_path / "s").exists()

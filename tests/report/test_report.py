@@ -1,0 +1,472 @@
+"""The comparison report (fedpriv.report.tables, fedpriv.report.plots).
+
+The slow tests share one real run store, trained once per session (about a minute on 2 cores) by
+fedpriv.report.store.run_experiment from MINI_TOML: two SGD runs (iid, noniid order), DP-SGD,
+FedAvg over iid and natural users, DP-FedAvg. Under pytest-xdist the workers share that store
+(built under a lock by the first). The fast tests use synthetic data only.
+"""
+
+from __future__ import annotations
+
+import csv
+import fcntl
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from matplotlib.image import imread
+
+from fedpriv.errors import FedprivError
+from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
+from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.report import plots
+from fedpriv.rundir import LEDGER
+from fedpriv.report.tables import (
+    NOT_PRIVATE,
+    PLOT_FILES,
+    comparison_rows,
+    comparison_table_lines,
+    configuration_rows,
+    contrast_rows,
+    group_rows,
+    data_label,
+    epsilon_curves,
+    run_accountant,
+    unfinished_runs,
+    write_report,
+)
+
+MINI_TOML = """\
+name = "mini"
+seed = 0
+[data]
+source = "shakespeare"
+heldout_fraction = 0.1
+[vocab]
+size = 1000
+[task]
+kind = "nwp"
+model = "tiny"
+[training]
+optimizer = "adam"
+learning_rate = 0.01
+batch_size = 32
+steps = 60
+eval_every = 30
+checkpoint_every = 30
+[federated]
+rounds = 4
+clients_per_round = 10
+client_learning_rate = 0.5
+local_batch_size = 16
+max_local_steps = 4
+eval_every = 2
+[canaries]
+per_config = 1
+[audit]
+rs_candidates = 2000
+extraction_examples = 50
+
+[[runs]]
+name = "sgd-{order}"
+kind = "central"
+grid = { "training.order" = ["iid", "noniid"] }
+
+[[runs]]
+name = "dp-sgd"
+kind = "central"
+privacy = { clip_norm = 1.0, noise_multiplier = 1.0, delta = 1e-4, sampling = "poisson" }
+
+[[runs]]
+name = "fedavg-{users}"
+kind = "federated"
+grid = { users = ["iid", "natural"] }
+
+[[runs]]
+name = "dp-fedavg"
+kind = "federated"
+federated = { strategy = "dp-fedavg", clip_norm = 0.5, dp = { noise_multiplier = 0.5, delta = 1e-3 } }
+"""
+RUNS = ["sgd-iid", "sgd-noniid", "dp-sgd", "fedavg-iid", "fedavg-natural", "dp-fedavg"]
+DP_RUNS = ["dp-sgd", "dp-fedavg"]
+# drawn only when the store has their data: audits along training, empirical audits (neither in MINI_TOML)
+DATA_DEPENDENT_PLOTS = {"memorization_vs_utility.png", "empirical_vs_theoretical.png"}
+REPORT_FILES = ["comparison.md", "comparison.csv", "runs.csv", "memorized_by_configuration.csv", *[p for p in PLOT_FILES if p not in DATA_DEPENDENT_PLOTS]]
+
+
+# ---- the shared store ----------------------------------------------------------------------------
+def _shared_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A directory this session's xdist workers share (the session's own temp dir without xdist)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A complete run store of MINI_TOML (trained once per session; never modified by tests)."""
+    from fedpriv.runner.store import run_experiment
+
+    root = _shared_root(tmp_path_factory)
+    built, done = root / "report-store", root / "report-store.done"
+    with open(root / "report-store.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.is_file():
+            toml = root / "mini.toml"
+            toml.write_text(MINI_TOML)
+            _, _, complete = run_experiment(toml, built)
+            assert complete
+            done.touch()
+    return built
+
+
+def _copy(store: Path, dst: Path) -> Path:
+    shutil.copytree(store, dst, ignore=shutil.ignore_patterns("report"))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def report(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """STORE/report of a copy of the complete store."""
+    return write_report(_copy(store, tmp_path_factory.mktemp("report") / "store"))
+
+
+def _summary(store: Path, run: str) -> dict:
+    return json.loads((store / run / "summary.json").read_text())
+
+
+def _audit_rows(store: Path, run: str) -> list[dict]:
+    return json.loads((store / run / "audit.json").read_text())["canaries"]
+
+
+def _csv(path: Path) -> list[dict]:
+    with path.open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def _assert_png(path: Path) -> None:
+    assert path.is_file(), path
+    image = imread(path)
+    assert image.ndim == 3 and image.shape[0] > 100 and image.shape[1] > 100 and image.shape[2] in (3, 4)
+
+
+# ---- on a real store (slow: trains the store once) -------------------------------------------------------
+@pytest.mark.slow
+def test_every_file_is_written(report):
+    assert report.name == "report"
+    for name in REPORT_FILES:
+        assert (report / name).is_file(), name
+    drawn = [p for p in PLOT_FILES if p not in DATA_DEPENDENT_PLOTS]
+    for name in DATA_DEPENDENT_PLOTS:
+        assert not (report / name).exists(), name
+    for name in drawn:
+        _assert_png(report / name)
+    md = (report / "comparison.md").read_text()
+    assert md.startswith("# ") and "exposure" in md.lower() and "bits" in md and "assumptions" in md
+    assert "## Memorized canaries by configuration" in md
+    for name in drawn:
+        assert f"![{PLOT_FILES[name]}]({name})" in md
+    assert md.index("## Plots") > md.index("## Memorized canaries by configuration")
+    assert "Not finished" not in md and "differs" not in md
+
+
+@pytest.mark.slow
+def test_comparison_rows_match_summaries_and_audits(store, report):
+    rows = _csv(report / "runs.csv")
+    assert [r["run"] for r in rows] == RUNS  # experiment.json order
+    groups = {r["run"]: r for r in _csv(report / "comparison.csv")}
+    # grouped by privacy unit: not private first, then example-level, then user-level
+    assert list(groups) == ["sgd-iid", "sgd-noniid", "fedavg-iid", "fedavg-natural", "dp-sgd", "dp-fedavg"]
+    md = (report / "comparison.md").read_text()
+    for row in rows:
+        s, canaries = _summary(store, row["run"]), _audit_rows(store, row["run"])
+        rs, bs = sum(c["rs_memorized"] for c in canaries), sum(c["bs_memorized"] for c in canaries)
+        assert (int(row["rs_memorized"]), int(row["bs_memorized"]), int(row["canaries"])) == (rs, bs, len(canaries))
+        assert float(row["exposure_max_bits"]) == pytest.approx(max(c["exposure"] for c in canaries))
+        assert float(row["test_accuracy"]) == s["eval_accuracy"] and float(row["test_perplexity"]) == s["eval_perplexity"]
+        assert float(row["test_utility"]) == s["eval_accuracy_no_oov_no_eos"] and row["utility_metric"] == "accuracy_no_oov_no_eos"
+        assert row["training"] == s["kind"] and row["algorithm"] == s["algorithm"]
+        g = groups[row["run"]]  # one seed: the group's mean is the run's value, its interval covers the canaries
+        assert float(g["rs_memorized"]) == pytest.approx(rs) and float(g["rs_memorized_low"]) <= rs <= float(g["rs_memorized_high"])
+        line = next(line for line in md.splitlines() if line.startswith(f"| {row['run']} |"))
+        assert f"| {rs:.3g}/{len(canaries)} [" in line and f"| {100 * s['eval_accuracy_no_oov_no_eos']:.2f} |" in line
+        if row["run"] in DP_RUNS:
+            unit = "user" if row["run"] == "dp-fedavg" else "example"
+            assert float(row["epsilon"]) == s["epsilon"] and float(row["delta"]) == s["delta"] and row["privacy_unit"] == unit
+            assert row["assumptions"] == s["guarantee"] and f"{s['epsilon']:.3g} per {unit} (δ = {s['delta']:.3g})" in line
+        else:
+            assert row["epsilon"] == "" and row["assumptions"] == NOT_PRIVATE and row["privacy_unit"] == ""
+            assert "| not private | ∞ |" in line and line.endswith(f"| {NOT_PRIVATE} |")
+    by_run = {r["run"]: r for r in rows}
+    assert (by_run["sgd-iid"]["data"], by_run["sgd-noniid"]["data"]) == ("IID", "non-IID")
+    assert (by_run["fedavg-iid"]["data"], by_run["fedavg-natural"]["data"]) == ("IID", "non-IID")
+    assert (by_run["dp-sgd"]["batch"], by_run["dp-sgd"]["batch_unit"]) == ("32", "records")
+    assert (by_run["dp-fedavg"]["batch"], by_run["dp-fedavg"]["batch_unit"]) == ("10", "users")
+
+
+@pytest.mark.slow
+def test_by_configuration_sums_to_the_totals(store, report):
+    rows = _csv(report / "memorized_by_configuration.csv")
+    md = (report / "comparison.md").read_text()
+    for run in RUNS:
+        s = _summary(store, run)["audit"]
+        mine = [r for r in rows if r["run"] == run]
+        assert {r["configuration"] for r in mine} == set(s["by_configuration"])
+        for r in mine:
+            want = s["by_configuration"][r["configuration"]]
+            assert (int(r["canaries"]), int(r["rs_memorized"]), int(r["bs_memorized"])) == (want["canaries"], want["rs_memorized"], want["bs_memorized"])
+        for key in ("canaries", "rs_memorized", "bs_memorized"):
+            assert sum(int(r[key]) for r in mine) == s["total"][key]
+    all_line = next(line for line in md.splitlines() if line.startswith("| all |"))
+    cells = [c.strip() for c in all_line.strip("|").split("|")][1:]
+    assert cells == [f"RS {_summary(store, r)['audit']['total']['rs_memorized']} / BS {_summary(store, r)['audit']['total']['bs_memorized']} of {_summary(store, r)['audit']['total']['canaries']}" for r in RUNS]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", DP_RUNS)
+def test_epsilon_curve_at_the_runs_parameters_is_the_runs_epsilon(store, run):
+    s = _summary(store, run)
+    spec = next(r for r in json.loads((store / "experiment.json").read_text())["runs"] if r["name"] == run)
+    events = PrivacyLedger.load(store / run / LEDGER).entries
+    curves = epsilon_curves(events, s["delta"], run_accountant(spec), s["kind"], points=3)
+    assert curves["epsilon"] == pytest.approx(s["epsilon"], rel=1e-6)
+    assert len(curves["panels"]) == 3
+    for panel in curves["panels"]:
+        i = next(i for i, x in enumerate(panel["x"]) if math.isclose(x, panel["own"], rel_tol=1e-12))
+        assert panel["epsilon"][i] == pytest.approx(s["epsilon"], rel=1e-6), panel["parameter"]
+
+
+@pytest.mark.slow
+def test_an_unfinished_run_is_listed_as_not_finished(store, tmp_path):
+    copy = _copy(store, tmp_path / "store")
+    (copy / "dp-fedavg" / "summary.json").unlink()
+    out = write_report(copy)
+    assert [r["run"] for r in _csv(out / "runs.csv")] == [r for r in RUNS if r != "dp-fedavg"]
+    md = (out / "comparison.md").read_text()
+    assert "Not finished (no summary.json): dp-fedavg." in md
+    assert not any(line.startswith("| dp-fedavg |") for line in md.splitlines())
+    _assert_png(out / "epsilon_vs_parameters.png")  # dp-sgd is still there
+
+
+@pytest.mark.slow
+def test_without_a_dp_run_the_epsilon_plot_is_skipped_and_said_so(store, tmp_path):
+    copy = _copy(store, tmp_path / "store")
+    for run in DP_RUNS:
+        (copy / run / "summary.json").unlink()
+    out = write_report(copy)
+    md = (out / "comparison.md").read_text()
+    assert not (out / "epsilon_vs_parameters.png").exists()
+    assert "epsilon_vs_parameters.png not drawn" in md and "](epsilon_vs_parameters.png)" not in md
+    assert "Not finished (no summary.json): dp-sgd, dp-fedavg." in md
+    for name in ("memorized_by_configuration.png", "exposure_vs_insertions.png", "utility_vs_epsilon.png"):
+        _assert_png(out / name)
+
+
+# ---- fast: no store ------------------------------------------------------------------------------------------
+def test_a_directory_without_experiment_json_is_refused(tmp_path):
+    (tmp_path / "some-run").mkdir()
+    with pytest.raises(FedprivError, match=r"not a run store \(no experiment\.json\)"):
+        write_report(tmp_path)
+    assert not (tmp_path / "report").exists()
+
+
+def _synthetic_summary(name, kind, **kw):
+    audit = {"total": {"canaries": 2, "inserted": 2, "rs_memorized": 1, "bs_memorized": 0, "exposure_mean": 3.0, "exposure_max": 5.0}, "by_configuration": {}}
+    return {"name": name, "kind": kind, "users": "natural", "eval_accuracy": 0.2, "eval_perplexity": 90.0, "audit": audit, **kw}
+
+
+def test_rows_are_pure_and_label_the_data():
+    runs = [{"name": n, "kind": k} for n, k in [("a", "central"), ("b", "federated"), ("c", "central"), ("late", "federated")]]
+    summaries = {
+        "a": _synthetic_summary("a", "central", algorithm="SGD", order="noniid", batch_size=64),
+        "b": _synthetic_summary("b", "federated", algorithm="DP-FedAvg", users="iid", clients_per_round=50, epsilon=2.5, delta=1e-5, guarantee="user-level, replace-one"),
+        "c": _synthetic_summary("c", "central", algorithm="SGD", order="iid", batch_size=8, epsilon=None, guarantee="none (no noise)"),
+    }
+    rows = comparison_rows(runs, summaries)
+    assert [r["run"] for r in rows] == ["a", "b", "c"] and unfinished_runs(runs, summaries) == ["late"]
+    assert [r["data"] for r in rows] == ["non-IID", "IID", "IID"]
+    assert [(r["batch"], r["batch_unit"]) for r in rows] == [(64, "records"), (50, "users"), (8, "records")]
+    assert [r["assumptions"] for r in rows] == [NOT_PRIVATE, "user-level, replace-one", NOT_PRIVATE]
+    assert (rows[1]["epsilon"], rows[1]["delta"]) == (2.5, 1e-5) and rows[2]["epsilon"] is None
+    assert data_label({"kind": "federated", "users": "natural"}) == "non-IID"
+
+
+def test_client_side_dp_shows_its_record_level_epsilon():
+    runs = [{"name": n, "kind": "federated"} for n in ("client", "both")]
+    client = {"client_epsilon": 3.0, "client_delta": 1e-5, "client_guarantee": "record-level, add-or-remove-one example: 40 Gaussian steps"}
+    summaries = {
+        "client": _synthetic_summary("client", "federated", algorithm="FedAvg", clients_per_round=5, **client),
+        "both": _synthetic_summary("both", "federated", algorithm="DP-FedAvg", clients_per_round=5, epsilon=8.0, delta=1e-3, guarantee="user-level, replace-one", **client),
+    }
+    one, both = comparison_rows(runs, summaries)
+    assert (one["epsilon"], one["delta"]) == (3.0, 1e-5) and one["assumptions"].startswith("record-level")
+    assert (both["epsilon"], both["delta"]) == (8.0, 1e-3) and both["assumptions"].startswith("user-level") and "record-level" in both["assumptions"]
+
+
+def test_the_headline_utility_column_is_the_tasks():
+    runs = [{"name": "ner", "kind": "central"}]
+    summaries = {"ner": _synthetic_summary("ner", "central", algorithm="SGD", batch_size=32, eval_f1=0.4123, utility=0.4123, utility_metric="f1", utility_label="entity F1")}
+    rows = group_rows(comparison_rows(runs, summaries), {})
+    header, _, ner = comparison_table_lines(rows)
+    cells = [c.strip() for c in header.strip("|").split("|")]
+    col = cells.index("test entity F1 (%)")
+    assert [c.strip() for c in ner.strip("|").split("|")][col] == "41.23"  # one seed: no interval on utility
+    assert cells.index("test entity F1 (%)") < cells.index("test accuracy (%)")
+
+
+def test_configuration_rows_group_canaries_per_run():
+    canary = lambda p_u, p_e, rs, bs, e: {"p_u": p_u, "p_e": p_e, "rs_memorized": rs, "bs_memorized": bs, "exposure": e, "insertions": 3}  # noqa: E731
+    canaries = {"x": [canary(1e-4, 1.0, True, True, 9.0), canary(1e-4, 1.0, True, False, 7.0), canary(2e-5, 0.1, False, False, 1.0)],
+                "y": [canary(1e-4, 1.0, False, False, 2.0), canary(2e-5, 0.1, True, False, 6.0)]}
+    rows = configuration_rows(["x", "y", "unaudited"], canaries)
+    assert [r["configuration"] for r in rows] == ["p_u=2e-05 p_e=0.1", "p_u=0.0001 p_e=1"]
+    assert rows[1]["cells"]["x"] == {"canaries": 2, "rs_memorized": 2, "bs_memorized": 1, "exposure_mean_bits": 8.0, "exposure_max_bits": 9.0}
+    assert rows[0]["cells"]["y"]["rs_memorized"] == 1 and "unaudited" not in rows[0]["cells"]
+
+
+@pytest.mark.parametrize("kind, event", [
+    ("central", GaussianSteps("poisson", 1.1, 10_000, 64, 500)),
+    ("federated", GaussianSteps("fixed", 0.8, 300, 20.0, 30, "user")),
+    ("central", GaussianSteps("none", 5.0, 100, 100, 10)),
+])
+def test_epsilon_curves_contain_the_events_own_epsilon(kind, event):
+    delta = 1e-5
+    curves = epsilon_curves([event], delta, "rdp", kind, points=3)
+    want = epsilon_for(event, delta, "rdp").epsilon
+    assert curves["epsilon"] == want
+    assert [p["parameter"] for p in curves["panels"]] == ["noise_multiplier", "rounds" if kind == "federated" else "epochs", *(["batch"] if event.sampling != "none" else [])]
+    for p in curves["panels"]:
+        assert len(p["x"]) == len(p["epsilon"]) >= 3
+        assert p["epsilon"][p["x"].index(p["own"])] == pytest.approx(want, rel=1e-12)
+    sigma = curves["panels"][0]
+    assert sigma["epsilon"] == sorted(sigma["epsilon"], reverse=True)  # more noise, less epsilon
+    with pytest.raises(FedprivError, match="one mechanism"):
+        epsilon_curves([event, event.with_steps(2)], delta)
+
+
+def _plot_all(out: Path) -> list[Path]:
+    series = [{"run": "sgd", "private": False, "epsilon": None, "insertions": [0, 3, 30, 30], "exposure": [1.0, 2.0, 12.0, 14.0]},
+              {"run": "dp", "private": True, "epsilon": 0.9, "insertions": [0, 3, 30, 30], "exposure": [1.0, 1.5, 2.0, 1.0]}]
+    panels = [{"label": name, "x": [1.0, 2.0, 4.0], "epsilon": [3.0, 1.0, 0.4], "own": 2.0, "log_x": True} for name in ("σ", "epochs", "batch")]
+    curves = [{"run": "dp", "delta": 1e-5, "accountant": "rdp", "epsilon": 1.0, "panels": panels}]
+    points = [{"run": "sgd", "epsilon": None, "accuracy": 0.25}, {"run": "dp", "epsilon": 0.9, "accuracy": 0.2}, {"run": "dp2", "epsilon": 8.0, "accuracy": 0.22}]
+    out.mkdir()
+    return [
+        plots.plot_memorized_by_configuration(["p_u=1e-05 p_e=0.1", "p_u=0.0001 p_e=1"], ["sgd", "dp"], [[1, 3], [0, 0]], out / "bars.png"),
+        plots.plot_exposure_vs_insertions(series, out / "exposure.png"),
+        plots.plot_epsilon_vs_parameters(curves, out / "epsilon.png"),
+        plots.plot_utility_vs_epsilon(points, out / "utility.png"),
+    ]
+
+
+def test_plots_are_valid_images_and_deterministic(tmp_path):
+    first, second = _plot_all(tmp_path / "a"), _plot_all(tmp_path / "b")
+    for a, b in zip(first, second):
+        _assert_png(a)
+        assert a.read_bytes() == b.read_bytes(), a.name
+
+
+def test_the_utility_plot_uses_the_headline_utility():
+    from fedpriv.report.tables import utility_points
+
+    ner = [{"run": "b", "epsilon": 3.0, "test_accuracy": 0.92, "test_utility": 0.14, "utility_label": "entity F1"}, {"run": "c", "epsilon": None, "test_utility": None}]
+    assert utility_points(ner) == [{"run": "b", "epsilon": 3.0, "accuracy": 0.14, "metric": "test entity F1"}]  # token accuracy is mostly the O tag
+
+
+# ---- seeds, intervals, flags, contrasts (synthetic) -----------------------------------------------------------
+def _canaries(rs: list[int], exposure: list[float]) -> list[dict]:
+    return [{"p_u": 1e-4, "p_e": 1.0, "rs_memorized": bool(r), "bs_memorized": False, "exposure": e, "insertions": 3} for r, e in zip(rs, exposure)]
+
+
+def _seeded_store():
+    runs, summaries, canaries = [], {}, {}
+    for group, kind, rs, util in (("sgd", "central", [1, 1, 0, 1], (0.20, 0.21)), ("fedavg", "federated", [0, 0, 1, 0], (0.19, 0.20))):
+        for seed, u in zip((0, 1), util):
+            name = f"{group}-s{seed}"
+            runs.append({"name": name, "kind": kind, "group": group, "seed": seed})
+            summaries[name] = _synthetic_summary(name, kind, group=group, seed=seed, algorithm="SGD" if kind == "central" else "FedAvg", batch_size=32,
+                                                 clients_per_round=10, utility=u, utility_metric="accuracy_no_oov_no_eos", utility_label="accuracy w/o OOV, EOS")
+            canaries[name] = _canaries(rs, [10.0 * r + seed for r in rs])
+            summaries[name]["audit"] = {"total": {"canaries": 4, "rs_memorized": sum(rs), "bs_memorized": 0}, "by_configuration": {}}
+    return runs, summaries, canaries
+
+
+def test_seeds_of_a_run_are_one_row_with_intervals():
+    runs, summaries, canaries = _seeded_store()
+    rows = group_rows(comparison_rows(runs, summaries), canaries)
+    assert [r["run"] for r in rows] == ["sgd", "fedavg"] and [r["seeds"] for r in rows] == [2, 2]
+    sgd = rows[0]
+    assert sgd["rs_memorized"].mean == pytest.approx(3.0) and sgd["rs_memorized"].low <= 3.0 <= sgd["rs_memorized"].high
+    assert sgd["test_utility"].mean == pytest.approx(0.205) and sgd["test_utility"].low == pytest.approx(0.20) and sgd["test_utility"].high == pytest.approx(0.21)
+    assert sgd["exposure_mean"].mean == pytest.approx((7.5 + 8.5) / 2)
+    line = comparison_table_lines(rows)[2]
+    assert "| 3/4 [" in line and "| 20.50 [20.00–21.00] |" in line
+
+
+def test_contrasts_are_paired_by_seed():
+    runs, summaries, canaries = _seeded_store()
+    notes: list[str] = []
+    rows = contrast_rows([{"name": "central vs federated", "a": "sgd", "b": "fedavg"}, {"name": "x", "a": "sgd", "b": "nope"}], comparison_rows(runs, summaries), canaries, notes)
+    by = {r["quantity"]: r for r in rows}
+    assert by["RS memorized (canaries)"]["difference"] == pytest.approx(2.0)
+    assert by["accuracy w/o OOV, EOS (points)"]["difference"] == pytest.approx(1.0)  # 20.5% - 19.5%
+    assert all(r["seeds"] == 2 for r in rows) and notes == ["contrast 'x': nope has no finished run"]
+
+
+def test_rows_that_did_not_learn_or_missed_the_target_are_flagged():
+    runs = [{"name": n, "kind": "federated"} for n in ("stuck", "short", "ok")]
+    target = {"metric": "accuracy_no_oov_no_eos", "value": 0.18, "split": "validation", "at": "round"}
+    summaries = {
+        "stuck": _synthetic_summary("stuck", "federated", degenerate="predicts <oov>/<eos> at 100% of positions", target={**target, "reached": False, "when": None, "reached_value": 0.0}),
+        "short": _synthetic_summary("short", "federated", target={**target, "reached": False, "when": None, "reached_value": 0.15}),
+        "ok": _synthetic_summary("ok", "federated", target={**target, "reached": True, "when": 40, "reached_value": 0.181}),
+    }
+    rows = {r["run"]: r for r in group_rows(comparison_rows(runs, summaries), {})}
+    assert rows["stuck"]["flag"].startswith("did not learn: predicts <oov>/<eos>") and "not comparable" in rows["stuck"]["flag"]
+    assert rows["short"]["flag"] == "missed the utility target (best 0.15 < 0.18): not comparable"
+    assert rows["ok"]["flag"] == "" and rows["ok"]["target"] == "reached, at round 40"
+
+
+SCALED = [  # two configurations whose p_u the scaling rule multiplied by 72.4, one it did not
+    {"p_u": 2e-5, "p_u_effective": 2e-5 * 72.4, "p_e": 0.01, "rs_memorized": True, "bs_memorized": False, "exposure": 3.0, "insertions": 2},
+    {"p_u": 1e-4, "p_u_effective": 1e-4 * 72.4, "p_e": 1.0, "rs_memorized": False, "bs_memorized": False, "exposure": 1.0, "insertions": 9},
+    {"p_u": 0.5, "p_u_effective": 0.5, "p_e": 1.0, "rs_memorized": False, "bs_memorized": False, "exposure": 1.0, "insertions": 9},
+]
+SCALED_LABELS = ["p_u=0.00145 (2e-05 x72.4) p_e=0.01", "p_u=0.00724 (0.0001 x72.4) p_e=1", "p_u=0.5 p_e=1"]
+
+
+def test_configuration_labels_show_the_scaled_p_u():
+    """The log says "p_u scaled x72.4": the audit's and the report's labels say so too."""
+    from fedpriv.memorization.audit import summarize
+
+    assert list(summarize(SCALED, "nwp")["by_configuration"]) == SCALED_LABELS
+    rows = configuration_rows(["run"], {"run": SCALED})
+    assert sorted(r["configuration"] for r in rows) == sorted(SCALED_LABELS)
+
+
+def test_audit_table_never_cuts_a_configuration_label(capsys):
+    from fedpriv.cli import _print_audit
+    from fedpriv.memorization.audit import summarize
+
+    rows = [{**r, "id": f"c{i}", "sharers": 1, "rs_rank": 1, "exposure_extrapolated": 2.0} for i, r in enumerate(SCALED)]
+    _print_audit({"task": "nwp", "parameters": "final parameters", "canaries": rows, "summary": summarize(rows, "nwp")})
+    out = capsys.readouterr().out
+    for label in SCALED_LABELS:
+        assert label in out
+    assert "…" not in out
+
+
+def test_memorized_bars_legend_covers_no_bar_and_labels_fit():
+    fig = plots.memorized_by_configuration_figure(SCALED_LABELS, ["sgd-iid", "dp-sgd-iid-long-name", "fedavg-natural", "dp-fedavg-natural"], [[6, 6, 6]] * 4)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    (ax,) = fig.axes
+    legend = ax.get_legend().get_window_extent(renderer)
+    bars = [p.get_window_extent(renderer) for p in ax.patches]
+    assert len(bars) == 12 and not any(legend.overlaps(b) for b in bars)
+    page = fig.bbox
+    for artist in [ax.get_legend(), *ax.get_xticklabels()]:
+        box = artist.get_window_extent(renderer)
+        assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0, artist
