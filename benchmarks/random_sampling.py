@@ -2,13 +2,15 @@
 90-canary audit of a trained Stack-Overflow-shaped LSTM.
 
     .venv/bin/python benchmarks/random_sampling.py [--candidates 2000000] [--reference-canaries 4]
-        [--check-candidates 20000] [--run-dir .benchmarks-out/rs-lstm] [--json] [--json-out PATH]
+        [--check-candidates 20000] [--model stackoverflow|tiny] [--canaries K] [--run-dir DIR]
+        [--json] [--json-out PATH]
 
-Model: the Stack Overflow baseline shape (embedding 96, LSTM 670, projection 96, 10,004 ids),
-trained centrally (Adam, 1,000 steps of 64 sentences) on a synthetic non-IID corpus (5,000 users,
+Model: the Stack Overflow baseline shape (embedding 96, LSTM 670, projection 96, 10,004 ids;
+``--model tiny``: the demo's, embedding 16, LSTM 32, projection 16, 2,004 ids), trained centrally (Adam, 1,000 steps of 64 sentences) on a synthetic non-IID corpus (5,000 users,
 100,000 sentences; fedpriv.data.synthetic) with Thakkar et al.'s 90 canaries planted by the
 federated secret sharer. It is trained into --run-dir on the first run and reused after (a run
-directory of this config; the time is printed when it trains).
+directory of this config, .benchmarks-out/rs-lstm[-tiny] by default; the time is printed when it
+trains). ``--canaries K`` audits the first K canaries only (the demo audits 18 per run).
 
 Per canary, N random suffixes are drawn exactly as ``fedpriv audit`` draws them, then timed:
 
@@ -19,7 +21,8 @@ Per canary, N random suffixes are drawn exactly as ``fedpriv audit`` draws them,
   first in canary order), or all 90 with --reference-canaries 90 (hours).
 
 Ranks (and lower counts and the canary's log-perplexity) must be identical: on the timed subset
-at N, and on all 90 canaries at --check-candidates. Memorized = Random Sampling rank 1. The
+at N, and on all 90 canaries at --check-candidates (timed too: both algorithms at the smaller N,
+what the shipped experiments used before). Memorized = Random Sampling rank 1. The
 machine is shared: the load average is printed, and only numbers from one run compare.
 """
 
@@ -59,12 +62,18 @@ EXPERIMENT = {
 }
 
 
-def trained_run(run_dir: Path) -> float | None:
+SHAPES = {"stackoverflow": "Stack-Overflow-shaped", "tiny": "demo-shaped (tiny)"}
+
+
+def trained_run(run_dir: Path, model: str) -> float | None:
     """Train the benchmark model into ``run_dir`` unless it is there; the seconds it took."""
     if (run_dir / "params.msgpack").is_file():
         return None
+    experiment = {**EXPERIMENT, "task": {"kind": "nwp", "model": model}}
+    if model == "tiny":
+        experiment["vocab"] = {"size": 2000, "seq_len": 20}
     t = time.perf_counter()
-    train_prepared_central(prepare(validate_config(EXPERIMENT)), run_dir)
+    train_prepared_central(prepare(validate_config(experiment)), run_dir)
     return time.perf_counter() - t
 
 
@@ -77,19 +86,25 @@ def main() -> None:
     ap.add_argument("--candidates", type=int, default=2_000_000)
     ap.add_argument("--reference-canaries", type=int, default=4, help="canaries the reference is timed on (half memorized)")
     ap.add_argument("--check-candidates", type=int, default=20_000, help="N for the rank check on all canaries (0: skip)")
-    ap.add_argument("--run-dir", type=Path, default=Path(".benchmarks-out/rs-lstm"))
+    ap.add_argument("--model", choices=sorted(SHAPES), default="stackoverflow")
+    ap.add_argument("--canaries", type=int, default=0, help="audit the first K canaries only (0: all)")
+    ap.add_argument("--run-dir", type=Path, help="default .benchmarks-out/rs-lstm (-tiny for the tiny model)")
     ap.add_argument("--json", action="store_true", help="print JSON instead of the summary")
     ap.add_argument("--json-out", type=Path, help="also write the JSON (with every canary's row) here")
     args = ap.parse_args()
+    if args.run_dir is None:
+        args.run_dir = Path(".benchmarks-out/rs-lstm" + ("-tiny" if args.model == "tiny" else ""))
     load = [os.getloadavg()[0]]
 
-    train_seconds = trained_run(args.run_dir)
+    train_seconds = trained_run(args.run_dir, args.model)
     prepared, params, _ = load_run(args.run_dir)
     cfg, manifest = prepared.config, prepared.canaries
     stepper = NWPStepper(prepared.task, params)
     pool = stepper.encode_words(manifest.pool)
     prefix_words, batch = cfg.audit.rs_prefix, cfg.audit.rs_batch
     canaries = [stepper.encode_words(c.words) for c in manifest.canaries]
+    if args.canaries > 0:
+        canaries = canaries[: args.canaries]
 
     def suffixes(i: int, n: int) -> np.ndarray:
         ids = canaries[i]
@@ -127,12 +142,16 @@ def main() -> None:
         r["fit_scores_max_difference"] = float(np.max(np.abs(ref_scores[fit_rows(len(suf), cfg.seed)] - fit_scores[i])))
     load.append(os.getloadavg()[0])
 
-    checked = []
+    checked, check_ref, check_new = [], [], []
     if args.check_candidates > 0:
         for i in range(len(canaries)):
             suf = suffixes(i, args.check_candidates)
+            t = time.perf_counter()
             want, _ = random_sampling(stepper, canaries[i], prefix_words, suf, batch)
+            check_ref.append(time.perf_counter() - t)
+            t = time.perf_counter()
             got, _ = audit_random_sampling(stepper, canaries[i], prefix_words, suf, batch, cfg.seed)
+            check_new.append(time.perf_counter() - t)
             checked.append(got == want)
     load.append(os.getloadavg()[0])
 
@@ -163,6 +182,10 @@ def main() -> None:
         "fit_scores_max_difference": max((r["fit_scores_max_difference"] for r in timed), default=None),
         "check_candidates": args.check_candidates,
         "check_equal": f"{sum(checked)}/{len(checked)}",
+        "check_reference_median_seconds": median(check_ref),
+        "check_new_median_seconds": median(check_new),
+        "check_reference_total_seconds": sum(check_ref),
+        "check_new_total_seconds": sum(check_new),
         "canaries": rows,
     }
     if args.json_out:
@@ -170,7 +193,7 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=2))
         return
-    print(f"Random Sampling, 90-canary audit of a trained Stack-Overflow-shaped LSTM ({out['device']}, {out['cpus']} cpus), N = {args.candidates:,} per canary")
+    print(f"Random Sampling, {len(rows)}-canary audit of a trained {SHAPES[args.model]} LSTM ({out['device']}, {out['cpus']} cpus), N = {args.candidates:,} per canary")
     if train_seconds is not None:
         print(f"  model trained in this run: {train_seconds:.0f} s")
     print(f"  load average (1 min) at start, after new, after reference, after check: {', '.join(f'{x:.1f}' for x in load)}")
@@ -182,11 +205,16 @@ def main() -> None:
             line += f"; reference on {s['reference_timed']} of them: median {s['reference_median_seconds']:.1f} s, {s['ratio_on_the_same_canaries']:.0f}x slower"
         print(line)
     if k < len(rows):
-        print(f"  the reference was timed on {len(timed)} of {len(rows)} canaries only (about 2 minutes each at 2M); not all 90")
+        print(f"  the reference was timed on {len(timed)} of {len(rows)} canaries only; not all {len(rows)}")
     print(f"  ranks, lower counts and canary log-perplexities equal to the reference: {out['reference_equal']} timed canaries at N = {args.candidates:,}", end="")
     print(f"; {out['check_equal']} canaries at N = {args.check_candidates:,}" if checked else "")
     if timed:
         print(f"  scores of the rows the exposure fit reads: at most {out['fit_scores_max_difference']:.1e} nats from the reference's")
+    if checked:
+        print(
+            f"  at N = {args.check_candidates:,} on all {len(checked)} canaries: reference median {out['check_reference_median_seconds']:.2f} s "
+            f"(total {out['check_reference_total_seconds']:.0f} s), new median {out['check_new_median_seconds']:.2f} s (total {out['check_new_total_seconds']:.0f} s)"
+        )
 
 
 if __name__ == "__main__":
