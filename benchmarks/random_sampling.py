@@ -200,7 +200,10 @@ def main() -> None:
     print(f"  new algorithm: {out['new_total_seconds']:.0f} s for all {len(rows)} canaries ({out['new_total_seconds'] / 60:.1f} min)")
     for name in ("all", "memorized", "not_memorized"):
         s = out[name]
-        line = f"    {name.replace('_', '-'):14s} {s['canaries']:3d} canaries, median {s['new_median_seconds'] or 0:.2f} s per canary"
+        if not s["canaries"]:
+            print(f"    {name.replace('_', '-'):14s}   0 canaries")
+            continue
+        line = f"    {name.replace('_', '-'):14s} {s['canaries']:3d} canaries, median {s['new_median_seconds']:.2f} s per canary"
         if s["reference_timed"]:
             line += f"; reference on {s['reference_timed']} of them: median {s['reference_median_seconds']:.1f} s, {s['ratio_on_the_same_canaries']:.0f}x slower"
         print(line)
