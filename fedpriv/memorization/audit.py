@@ -26,8 +26,9 @@ import numpy as np
 from fedpriv.config import ExperimentConfig
 from fedpriv.memorization.beam_search import beam_memorized
 from fedpriv.memorization.canaries import Canary, Manifest
-from fedpriv.memorization.exposure import exact_exposure, extrapolated_exposure, interpolated_exposure
-from fedpriv.memorization.random_sampling import draw_suffixes, random_sampling
+from fedpriv.memorization.exposure import exposure_from_rank, extrapolated_exposure, interpolated_exposure
+from fedpriv.memorization.random_sampling import draw_suffixes
+from fedpriv.memorization.rs_audit import audit_random_sampling
 
 
 # ---- the NWP tests --------------------------------------------------------------------------------
@@ -53,12 +54,12 @@ def audit_nwp_canary(stepper: Any, manifest: Manifest, index: int, cfg: Experime
         suffixes, method = enumerate_suffixes(pool_ids, length, exclude), "exact"
     else:
         suffixes, method = draw_suffixes(pool_ids, manifest.weights, length, candidates, exclude, cfg.seed, index), "sampled"
-    rs, scores = random_sampling(stepper, ids, a.rs_prefix, suffixes, a.rs_batch)
+    rs, scores = audit_random_sampling(stepper, ids, a.rs_prefix, suffixes, a.rs_batch, cfg.seed)  # scores: the fit's rows
     if method == "exact":
-        exposure = exact_exposure(rs.canary_log_perplexity, scores)
+        exposure = exposure_from_rank(rs.rank, rs.candidates + 1)
     else:
         exposure = interpolated_exposure(rs.lower, rs.candidates, space)
-    extrapolated = extrapolated_exposure(rs.canary_log_perplexity, scores, space, seed=cfg.seed) if len(scores) >= 10 else None
+    extrapolated = extrapolated_exposure(rs.canary_log_perplexity, scores, space, seed=cfg.seed) if rs.candidates >= 10 else None
     bs, found = beam_memorized(stepper, ids, a.beam_width, a.beam_top)
     return {
         **canary_columns(canary),

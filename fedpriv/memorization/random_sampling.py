@@ -9,7 +9,11 @@ strictly lower.
 Speed: the prefix is run once. Suffixes are scored level by level over their prefix tree: the
 state after the suffix's first j words is computed once per distinct j-word start (at most V for
 j = 1) and shared by every candidate with that start, so a candidate costs about one LSTM step
-plus one output layer (its last word). Batches have a fixed size, so each shape compiles once.
+plus one output layer (its last word). Batches have a fixed size, and the tables of distinct
+starts keep whole batches (their row count is a multiple of ``batch``), so shapes compile once
+per table size and a row's score does not depend on which other rows are scored with it (with
+a one-row table XLA compiled a different program and the last bit could differ).
+This is the reference: :mod:`fedpriv.memorization.rs_fast` gives the same ranks with less work.
 """
 
 from __future__ import annotations
@@ -99,7 +103,7 @@ def suffix_log_probs(stepper: NWPStepper, prefix: np.ndarray, suffixes: np.ndarr
             par = jnp.asarray(_pad_to(parent[rows].astype(np.int32), batch))
             tok = jnp.asarray(_pad_to(tokens_all[rows], batch))
             h, c, p, lse = _level(params, h_tab, c_tab, par, tok)
-            hs.append(h[: hi - lo]), cs.append(c[: hi - lo]), ps.append(p[: hi - lo]), lses.append(lse[: hi - lo])
+            hs.append(h), cs.append(c), ps.append(p), lses.append(lse)  # whole padded blocks: see below
         h_tab, c_tab = jnp.concatenate(hs), jnp.concatenate(cs)
         p_tab, lse_tab = jnp.concatenate(ps), jnp.concatenate(lses)
         out = np.empty(n, np.float32)
