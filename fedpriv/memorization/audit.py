@@ -42,18 +42,24 @@ def enumerate_suffixes(pool_ids: np.ndarray, length: int, exclude: np.ndarray) -
     return rows[~np.all(rows == exclude[None, :], axis=1)]
 
 
+def rs_candidates(pool_ids: np.ndarray, ids: np.ndarray, manifest: Manifest, index: int, cfg: ExperimentConfig, candidates: int) -> tuple[np.ndarray, str, int]:
+    """Canary ``index``'s Random Sampling candidates: (suffixes, "exact" or "sampled", size of the
+    suffix space). Every other suffix when the space holds at most ``candidates`` more; else
+    ``candidates`` drawn from the pool's weights (seeded by the experiment seed and the index)."""
+    length = len(ids) - cfg.audit.rs_prefix
+    space = candidate_space(pool_ids, length)
+    exclude = ids[cfg.audit.rs_prefix :]
+    if space - 1 <= candidates:
+        return enumerate_suffixes(pool_ids, length, exclude), "exact", space
+    return draw_suffixes(pool_ids, manifest.weights, length, candidates, exclude, cfg.seed, index), "sampled", space
+
+
 def audit_nwp_canary(stepper: Any, manifest: Manifest, index: int, cfg: ExperimentConfig, candidates: int) -> dict[str, Any]:
     a = cfg.audit
     canary = manifest.canaries[index]
     ids = stepper.encode_words(canary.words)
     pool_ids = stepper.encode_words(manifest.pool)
-    length = len(ids) - a.rs_prefix
-    space = candidate_space(pool_ids, length)
-    exclude = ids[a.rs_prefix :]
-    if space - 1 <= candidates:
-        suffixes, method = enumerate_suffixes(pool_ids, length, exclude), "exact"
-    else:
-        suffixes, method = draw_suffixes(pool_ids, manifest.weights, length, candidates, exclude, cfg.seed, index), "sampled"
+    suffixes, method, space = rs_candidates(pool_ids, ids, manifest, index, cfg, candidates)
     rs, scores = audit_random_sampling(stepper, ids, a.rs_prefix, suffixes, a.rs_batch, cfg.seed)  # scores: the fit's rows
     if method == "exact":
         exposure = exposure_from_rank(rs.rank, rs.candidates + 1)

@@ -20,10 +20,9 @@ import numpy as np
 
 from fedpriv.config import ExperimentConfig
 from fedpriv.data.examples import Kind, TaggedExample, TextExample
-from fedpriv.memorization.audit import candidate_space, canary_columns, enumerate_suffixes
+from fedpriv.memorization.audit import canary_columns, rs_candidates
 from fedpriv.memorization.canaries import Manifest, canary_example
 from fedpriv.memorization.exposure import exact_exposure, extrapolated_exposure, interpolated_exposure
-from fedpriv.memorization.random_sampling import draw_suffixes
 from fedpriv.tasks.base import Task, pad_batch
 
 
@@ -52,13 +51,7 @@ def audit_task_canary(scorer: LossScorer, manifest: Manifest, index: int, cfg: E
     position = {w: i for i, w in enumerate(pool)}
     ids = np.array([position[w] for w in canary.words], np.int64)
     pool_ids = np.arange(len(pool), dtype=np.int64)
-    length = len(ids) - a.rs_prefix
-    space = candidate_space(pool_ids, length)
-    exclude = ids[a.rs_prefix :]
-    if space - 1 <= candidates:
-        suffixes, method = enumerate_suffixes(pool_ids, length, exclude), "exact"
-    else:
-        suffixes, method = draw_suffixes(pool_ids, manifest.weights, length, candidates, exclude, cfg.seed, index), "sampled"
+    suffixes, method, space = rs_candidates(pool_ids, ids, manifest, index, cfg, candidates)
     prefix = tuple(canary.words[: a.rs_prefix])
     scores = scorer([prefix + tuple(pool[j] for j in row) for row in suffixes])
     canary_loss = float(scorer([tuple(canary.words)])[0])

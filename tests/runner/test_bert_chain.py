@@ -69,7 +69,7 @@ def test_registry_builds_mlm_and_bert_ner():
     assert isinstance(ner, BertNERTask) and ner.tags == ("O", "B-Disease", "I-Disease") and ner.pretrained is None
     with pytest.raises(ConfigError, match="needs tagged examples"):
         build_task(config("bert-ner"), text)
-    with pytest.raises(ConfigError, match="unknown BERT preset 'huge'"):
+    with pytest.raises(ConfigError, match="task.model: unknown mlm preset 'huge'; choose one of tiny, small"):
         build_task(config("mlm", model="huge"), train)
     with pytest.raises(ConfigError, match="unknown key.*mask_rate"):
         build_task(config("mlm", mask_rate=0.2), train)

@@ -78,7 +78,7 @@ def private(shk_glove):
     [
         ({"eta": 0.0}, "eta must be finite and > 0"),
         ({"eta": -3}, "eta must be finite and > 0"),
-        ({"eta": float("inf")}, "eta must be finite and > 0"),
+        ({"eta": float("inf")}, "privatize.eta: Input should be a finite number"),  # refused by the one number check, before the range
         ({"mechanism": "vickrey", "t": 1.5}, r"t \(the Vickrey tuning parameter\) must be in \[0, 1\]"),
         ({"mechanism": "vickrey", "t": -0.1}, r"must be in \[0, 1\]"),
         ({"mechanism": "vickrey"}, "needs t in"),
