@@ -137,6 +137,11 @@ class VocabConfig(_Strict):
         "example", description="dp gaussian: tuples cut per example (one example of <= N words is one tuple, the unit DP-SGD protects too) or from the stream"
     )
     alphabet: Literal["data", "ascii"] = Field("data", description="BERT: ascii puts every printable ASCII character in the vocabulary (public, no privacy cost)")
+    public: str | None = Field(
+        None, min_length=1, description="BERT: a public corpus; the vocabulary is learned from it and extended by the most frequent words of source's (DP) histogram"
+    )
+    public_format: str | None = Field(None, description="format of public, if not guessed from the path")
+    public_options: dict[str, Any] = Field(default_factory=dict, description="loader options of public")
 
     @model_validator(mode="after")
     def _check(self) -> "VocabConfig":
@@ -153,7 +158,7 @@ class VocabConfig(_Strict):
     @property
     def custom(self) -> bool:
         """True when a BERT vocabulary is not the plain one learned from the training users."""
-        return self.source is not None or self.dp is not None or self.alphabet != "data"
+        return self.source is not None or self.dp is not None or self.alphabet != "data" or self.public is not None
 
 
 BUILTIN_TASKS = ("nwp", "ner", "mlm", "bert-ner")

@@ -74,6 +74,8 @@ def build(
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     format: Optional[str] = typer.Option(None, "--format", help="Override the format guessed from the path."),
     option: list[str] = typer.Option([], "--option", "-o", help="Loader option KEY=VALUE (repeatable), e.g. users=sentences:10."),
+    public: Optional[str] = typer.Option(None, "--public", help="wordpiece: a public corpus; learn the vocabulary from it and extend it by the most frequent words of SOURCE's (DP) histogram (the public part costs no privacy)."),
+    public_option: list[str] = typer.Option([], "--public-option", help="Loader option KEY=VALUE of --public (repeatable)."),
 ) -> None:
     """Build a vocabulary and print what it kept, what DP cost, and the guarantee."""
     from fedpriv.cli.options import parse_options
@@ -97,6 +99,8 @@ def build(
         source_options=parse_options(option),
         lowercase=lowercase,
         alphabet=alphabet.value,
+        public=public,
+        public_options=parse_options(public_option),
     )
     if as_json:
         print(json.dumps(report, indent=2))
@@ -153,6 +157,14 @@ def print_report(report: dict) -> None:
             row(name, voc[key], np_.get(key))
     if dp:
         row("token overlap with non-private", np_.get("token_overlap_with_dp"), None)
+    pub = report.get("public")
+    if pub:
+        row("public vocabulary tokens", pub["base_tokens"])
+        row("private words added", pub["words_added"])
+        for part, name in (("public_only", "public vocabulary alone"), ("histogram_only", "histogram vocabulary alone")):
+            if part in pub:
+                row(f"{name}: pieces per word", pub[part]["pieces_per_word"])
+                row(f"{name}: UNK rate", pub[part]["unk_rate"])
     _out.print(t)
     _out.print(f"guarantee: {report['guarantee']}", markup=False, highlight=False, soft_wrap=True)
     _out.print(f"wrote {', '.join(report['files'])} to {report['out_dir']}", markup=False, highlight=False, soft_wrap=True)

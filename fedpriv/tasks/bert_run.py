@@ -43,7 +43,7 @@ from fedpriv.rundir import CHECKPOINT, PARAMS, TOKENIZER, VOCABULARY
 from fedpriv.vocab.wordpiece import WordPieceVocab
 
 #: What ``tokenizer.json`` keeps of that record: the settings and what the DP guarantee covers.
-RELEASED_KEYS = ("source", "users", "vocab_size", "lowercase", "alphabet", "guarantee")
+RELEASED_KEYS = ("source", "users", "vocab_size", "lowercase", "alphabet", "public_source", "guarantee")
 RELEASED_DP_KEYS = ("mechanism", "unit", "epsilon", "delta", "delta_requested", "sigma", "laplace_scale", "threshold",
                     "tuple_size", "partition", "threshold_rule", "words_kept", "guarantee")
 FORMAT = "fedpriv-bert-tokenizer"

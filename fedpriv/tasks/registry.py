@@ -107,6 +107,7 @@ def bert_vocabulary(cfg: ExperimentConfig, train: FederatedCorpus, lowercase: bo
             report = build_vocab(
                 corpus, "wordpiece", v.size, v.dp, out_dir=d, epsilon=v.epsilon, sigma=v.sigma, delta=v.delta,
                 tuple_size=v.tuple_size, partition=v.partition, seed=cfg.seed, lowercase=lowercase, alphabet=v.alphabet,
+                public=v.public, public_format=v.public_format, public_options=v.public_options,
             )
         except FedprivError as e:
             raise ConfigError(f"vocab: {e}") from None
@@ -115,6 +116,9 @@ def bert_vocabulary(cfg: ExperimentConfig, train: FederatedCorpus, lowercase: bo
     record = {"source": source, "users": users, "dp": report["dp"], "vocab_size": len(tok), "lowercase": lowercase}
     record.update({k: report[k] for k in keep})
     record.update({k: report["vocabulary"][k] for k in ("pieces_per_word", "unk_rate")})
+    if report.get("public"):  # the public text it extends (a setting), and what each part alone covers (raw-data figures)
+        record["public_source"] = v.public
+        record["public"] = report["public"]
     if report.get("non_private"):  # for the data owner: what the same vocabulary would be without DP
         record["non_private"] = {k: report["non_private"][k] for k in ("vocab_size", "pieces_per_word", "unk_rate", "token_overlap_with_dp")}
     return tok, record
@@ -144,7 +148,7 @@ def _build_bert(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
             raise ConfigError("task.options.privatize_eta and [privatize] both privatize the training text; use one")
     if path is not None and cfg.vocab.custom:
         raise ConfigError(
-            "vocab.source / vocab.dp / vocab.alphabet: this run starts from task.options.pretrained, whose tokenizer "
+            "vocab.source / vocab.dp / vocab.alphabet / vocab.public: this run starts from task.options.pretrained, whose tokenizer "
             "it uses; set the vocabulary in the run that learned it"
         )
     if kind == "mlm":

@@ -138,6 +138,49 @@ def _figures(kind: str, vocab: Any, true_counts: Counter) -> dict:
     return {"figures": out, "tokens": tokens}
 
 
+#: At most this share of a public-extended vocabulary's tokens are whole words of the private histogram.
+PRIVATE_WORD_SHARE = 0.5
+
+
+def _public_counts(public: FederatedCorpus | str, fmt: str | None, options: dict | None, lowercase: bool) -> tuple[str, Counter]:
+    """(name, plain word counts) of a public corpus."""
+    if isinstance(public, FederatedCorpus):
+        corpus = public
+    else:
+        from fedpriv.data.sources import open_corpus
+
+        corpus = open_corpus(str(public), format=fmt, **(options or {}))
+    counter = WordCounter()
+    for batch in corpus_word_batches(corpus):
+        counter.add_many([[w.lower() for w in words] for words in batch] if lowercase else batch)
+    counts = counter.finish()
+    if not counts:
+        raise EmptyCorpusError(f"{corpus.name}: the public corpus has no words")
+    return corpus.name, counts
+
+
+def _learn_public_extended(
+    public_counts: Counter, private_counts: dict[str, float], size: int, folder: Path, min_pair_count: float, alphabet: str, true_counts: Counter
+) -> tuple[Any, list[str], dict]:
+    """A WordPiece vocabulary learned from the public counts, extended by whole words of the
+    private (DP) counts (see :func:`build_vocab`), saved into ``folder``; (vocab, files, report
+    figures: words added, and the coverage of the public-only and the histogram-only vocabularies
+    of ``size`` tokens on the raw private words)."""
+    from fedpriv.vocab.wordpiece import extend_wordpiece, learn_wordpiece
+
+    public_only = learn_wordpiece(public_counts, size, min_pair_count=min_pair_count, alphabet=alphabet)
+    missing = sum(1 for w, c in private_counts.items() if c > 0 and w not in public_only)  # words that need a slot
+    base = learn_wordpiece(public_counts, size - min(missing, int(size * PRIVATE_WORD_SHARE)), min_pair_count=min_pair_count, alphabet=alphabet)
+    vocab, added = extend_wordpiece(base, private_counts, size)
+    vocab.save(folder / "vocab.txt")
+    out = {"distinct_words": len(public_counts), "base_tokens": len(base), "words_added": len(added),
+           "public_only": _figures("wordpiece", public_only, true_counts)["figures"]}
+    if private_counts:
+        private_only = learn_wordpiece(private_counts, size, min_pair_count=min_pair_count, alphabet=alphabet)
+        out["histogram_only"] = _figures("wordpiece", private_only, true_counts)["figures"]
+    return vocab, ["vocab.txt"], out
+
+
 def build_vocab(
     source: FederatedCorpus | str,
     kind: str = "word",
@@ -158,6 +201,9 @@ def build_vocab(
     source_options: dict | None = None,
     lowercase: bool = False,
     alphabet: str = "data",
+    public: FederatedCorpus | str | None = None,
+    public_format: str | None = None,
+    public_options: dict | None = None,
 ) -> dict:
     """Build a vocabulary of ``kind`` with at most ``size`` entries (see the module doc) and return the report.
 
@@ -167,14 +213,21 @@ def build_vocab(
     for the Gaussian forms. ``lowercase``: words are lowercased before counting (for uncased BERT
     tokenizers). ``alphabet``: ``"ascii"`` puts every printable ASCII character (lowercased with
     ``lowercase``) into a WordPiece vocabulary whatever the data (public, so free); ``"data"``
-    learns the characters from the histogram. All parameters are checked before the source is
-    opened."""
+    learns the characters from the histogram. ``public``: a public corpus (WordPiece only); the
+    vocabulary is then a WordPiece vocabulary learned from the public corpus alone, extended by
+    whole-word tokens for the most frequent words of the (DP, with ``dp``) histogram of ``source``
+    that it lacks (at most ``PRIVATE_WORD_SHARE`` of ``size``): the public part costs no privacy,
+    and the guarantee is the histogram's. The report then also gives the coverage of the public
+    vocabulary alone and of the vocabulary learned from the histogram alone. All parameters are
+    checked before the source is opened."""
     if kind not in KINDS:
         raise FedprivError(f"kind must be one of {', '.join(KINDS)}, got {kind!r}")
     size = _check_size(kind, size)
     chars = public_alphabet(alphabet, lowercase)
     if chars and kind != "wordpiece":
         raise FedprivError(f"alphabet = {alphabet!r} applies to WordPiece vocabularies, not {kind}")
+    if public is not None and kind != "wordpiece":
+        raise FedprivError(f"a public corpus extends WordPiece vocabularies, not {kind}")
     if kind == "sentencepiece":
         from fedpriv.vocab.spm import MODEL_TYPES
 
@@ -215,6 +268,7 @@ def build_vocab(
     true_counts = plain.finish()
     if not true_counts:
         raise EmptyCorpusError(f"{corpus.name}: the source has no words")
+    public_name, public_counts = _public_counts(public, public_format, public_options, lowercase) if public is not None else (None, None)
 
     report: dict[str, Any] = {
         "source": corpus.name,
@@ -232,7 +286,7 @@ def build_vocab(
     hist = None
     if params is not None:
         hist = release(mech.finish(), params, seed, mech.units)
-        if hist.words_kept == 0:
+        if hist.words_kept == 0 and public_counts is None:
             raise EmptyCorpusError(
                 f"the DP histogram kept no word: all {hist.words_before:,} words fell below the threshold "
                 f"C = {hist.threshold:.6g} (noise {params.noise_name} = {params.noise:.6g}, {hist.units:,} {params.unit}s); "
@@ -244,7 +298,11 @@ def build_vocab(
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
     try:
         counts = hist.counts if hist is not None else dict(true_counts)
-        vocab, files = _learn(kind, counts, size, staging, model_type, min_pair_count, chars)
+        if public_counts is None:
+            vocab, files = _learn(kind, counts, size, staging, model_type, min_pair_count, chars)
+        else:
+            vocab, files, public_report = _learn_public_extended(public_counts, counts, size, staging, min_pair_count, chars, true_counts)
+            report["public"] = {"source": public_name, **public_report}
         ev = _figures(kind, vocab, true_counts)
         report["vocabulary"] = {**ev["figures"], "files": files}
         if hist is not None:

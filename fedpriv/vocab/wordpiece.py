@@ -328,3 +328,29 @@ def learn_wordpiece(
                 heapq.heappush(heap, (-nc, k))
 
     return WordPieceVocab(vocab, reserved_tokens=reserved, max_input_chars_per_word=max_input_chars_per_word)
+
+
+def extend_wordpiece(base: WordPieceVocab, word_counts: Mapping[str, float], vocab_size: int) -> tuple[WordPieceVocab, list[str]]:
+    """``base`` extended by whole-word tokens: the most frequent words of ``word_counts`` (ties by
+    word) that ``base`` does not hold as one token, appended until the vocabulary has
+    ``vocab_size`` tokens or the words run out; returns (vocabulary, the words added).
+
+    This is how a public vocabulary takes in the words of a private corpus that survived a DP
+    histogram: ``base`` is learned from public text only, and only the released (noisy) counts
+    are read here, so the result is post-processing of the DP release. Words longer than the
+    tokenizer reads, or with whitespace, are skipped."""
+    if vocab_size < len(base):
+        raise FedprivError(f"vocab_size {vocab_size} is smaller than the base vocabulary ({len(base)} tokens)")
+    have = set(base.tokens)
+    ranked = sorted(((w, float(c)) for w, c in word_counts.items() if float(c) > 0), key=lambda wc: (-wc[1], wc[0]))
+    added: list[str] = []
+    room = vocab_size - len(base)
+    for w, _ in ranked:
+        if len(added) >= room:
+            break
+        if w in have or not w or len(w) > base.max_input_chars_per_word or any(ch.isspace() for ch in w):
+            continue
+        added.append(w)
+        have.add(w)
+    vocab = WordPieceVocab([*base.tokens, *added], base.reserved_tokens, base.unk_token, base.max_input_chars_per_word)
+    return vocab, added
