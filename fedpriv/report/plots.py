@@ -142,33 +142,54 @@ def plot_epsilon_vs_parameters(curves: Sequence[Mapping[str, Any]], path: str | 
     return _save(fig, path)
 
 
+UNIT_MARKERS = {"example-level DP": "o", "user-level DP": "s", "record-level DP inside each client": "^"}
+
+
+def utility_point_styles(points: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, str | None]]:
+    """(colour index, marker, legend label or None) per point of :func:`plot_utility_vs_epsilon`:
+    a run group's seeds share a colour and one legend entry, which names the group and what its
+    epsilon protects; the marker is the unit's (x: not private)."""
+    groups = list(dict.fromkeys(p.get("group", p["run"]) for p in points))
+    out, labelled = [], set()
+    for p in points:
+        group = p.get("group", p["run"])
+        private = p["epsilon"] is not None and p["epsilon"] > 0
+        unit = p.get("unit") if private else None
+        label = None if group in labelled else (f"{group} ({unit})" if unit else group)
+        labelled.add(group)
+        out.append((groups.index(group), UNIT_MARKERS.get(unit, "o") if private else "x", label))
+    return out
+
+
 def plot_utility_vs_epsilon(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
     """Utility (y, %: held-out accuracy, or the points' ``metric``) against epsilon (x, log scale), one point per run; runs without
-    epsilon are drawn at the right edge, past a dashed line, at the tick 'not private'.
-    Each point: {run, epsilon (None when not private), accuracy (a fraction)}."""
-    columns = 1 + len(points) // 30 if len(points) > 12 else 0  # legend columns beside the axes
-    fig = _figure(7.0 + 2.6 * columns, 4.5 + 0.06 * max(0, len(points) // max(columns, 1) - 30))
+    epsilon are drawn at the right edge, past a dashed line, at the tick 'not private'. The runs of
+    one ``group`` (its seeds) share a colour and one legend entry; the marker says what the epsilon
+    protects (``unit``: circle one example, square one user, triangle one record inside its client,
+    x not private), so epsilons of different units are never read as one scale.
+    Each point: {run, epsilon (None when not private), accuracy (a fraction), group, unit}."""
+    styles = utility_point_styles(points)
+    n_groups = 1 + max((c for c, _, _ in styles), default=0)
+    columns = 1 + n_groups // 30  # legend columns beside the axes
+    fig = _figure(7.0 + 2.6 * columns, 4.5 + 0.06 * max(0, n_groups // columns - 30))
     ax = fig.add_subplot()
     eps = [p["epsilon"] for p in points if p["epsilon"] is not None and p["epsilon"] > 0]
     lo, hi = (min(eps), max(eps)) if eps else (1.0, 1.0)
     edge = hi * 10 ** max(0.5, 0.25 * math.log10(hi / lo))  # "not private" column, right of every epsilon
-    for k, p in enumerate(points):
+    for p, (color, marker, label) in zip(points, styles):
         private = p["epsilon"] is not None and p["epsilon"] > 0
-        x = p["epsilon"] if private else edge
-        ax.scatter([x], [100 * p["accuracy"]], marker="o" if private else "x", s=40, color=SERIES_COLORS[k % len(SERIES_COLORS)], label=p["run"], zorder=3)
+        ax.scatter([p["epsilon"] if private else edge], [100 * p["accuracy"]], marker=marker, s=40,
+                   color=SERIES_COLORS[color % len(SERIES_COLORS)], label=label, zorder=3)
     ax.set_xscale("log")
     ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
     ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
     ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if eps else []
     ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
     ax.minorticks_off()
-    ax.set_xlabel("ε (log scale)")
+    ax.set_xlabel("ε (log scale; the marker says what it protects)")
     ax.set_ylabel(f"{points[0].get('metric', 'held-out accuracy') if points else 'held-out accuracy'} (%)")
     ax.set_title("Utility against privacy")
-    if len(points) > 12:  # a long legend goes beside the axes, in columns
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=columns)
-    else:
-        ax.legend(fontsize=8)
+    ax.legend(fontsize=6 if n_groups > 12 else 7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=columns)
     return _save(fig, path)
 
 

@@ -665,10 +665,12 @@ def exposure_series(run_names: Sequence[str], summaries: Mapping[str, Mapping[st
 
 
 def utility_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """(run, epsilon or None, utility as a fraction, metric name) per run row: the headline
-    utility (next-token accuracy without OOV and EOS, entity F1, masked-token accuracy)."""
+    """(run, its group, what its epsilon protects, epsilon or None, utility as a fraction, metric
+    name) per run row: the headline utility (next-token accuracy without OOV and EOS, entity F1,
+    masked-token accuracy)."""
     label = next((r.get("utility_label") for r in rows if r.get("utility_label")), "utility")
-    return [{"run": r["run"], "epsilon": r["epsilon"], "accuracy": r["test_utility"], "metric": f"test {label}"} for r in rows if r.get("test_utility") is not None]
+    return [{"run": r["run"], "group": r.get("group") or r["run"], "unit": UNIT_TITLES.get(r["privacy_unit"], r["privacy_unit"]) if r.get("privacy_unit") else None,
+             "epsilon": r["epsilon"], "accuracy": r["test_utility"], "metric": f"test {label}"} for r in rows if r.get("test_utility") is not None]
 
 
 def empirical_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -373,7 +373,22 @@ def test_the_utility_plot_uses_the_headline_utility():
     from fedpriv.report.tables import utility_points
 
     ner = [{"run": "b", "epsilon": 3.0, "test_accuracy": 0.92, "test_utility": 0.14, "utility_label": "entity F1"}, {"run": "c", "epsilon": None, "test_utility": None}]
-    assert utility_points(ner) == [{"run": "b", "epsilon": 3.0, "accuracy": 0.14, "metric": "test entity F1"}]  # token accuracy is mostly the O tag
+    assert utility_points(ner) == [{"run": "b", "group": "b", "unit": None, "epsilon": 3.0, "accuracy": 0.14, "metric": "test entity F1"}]  # token accuracy is mostly the O tag
+
+
+def test_the_utility_plot_marks_each_unit_and_draws_seeds_as_one_group():
+    from fedpriv.report.tables import utility_points
+
+    rows = [{"run": f"{g}-s{k}", "group": g, "privacy_unit": unit, "epsilon": eps, "test_utility": 0.5}
+            for g, unit, eps in (("sgd", None, None), ("dpsgd", "example", 2.0), ("dpfedavg", "user", 2.0), ("clientdp", "example (client-side)", 9.0))
+            for k in (0, 1)]
+    points = utility_points(rows)
+    assert [p["unit"] for p in points[::2]] == [None, "example-level DP", "user-level DP", "record-level DP inside each client"]
+    styles = plots.utility_point_styles(points)
+    assert [s[0] for s in styles] == [0, 0, 1, 1, 2, 2, 3, 3]  # one colour per group, whatever the seed
+    assert [s[1] for s in styles[::2]] == ["x", "o", "s", "^"]  # one marker per unit: the same epsilon 2.0 is not one scale
+    assert [s[2] for s in styles] == ["sgd", None, "dpsgd (example-level DP)", None, "dpfedavg (user-level DP)", None,
+                                      "clientdp (record-level DP inside each client)", None]
 
 
 # ---- seeds, intervals, flags, contrasts (synthetic) -----------------------------------------------------------
