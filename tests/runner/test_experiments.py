@@ -99,7 +99,10 @@ def test_shipped_experiments_expand():
     assert sorted({s.config.federated.clients_per_round for s in full if s.kind == "federated"}) == [500, 1000, 2000, 5000]
     assert sorted({s.config.training.batch_size for s in full if s.kind == "central"}) == [32, 64, 128, 256]
     _, small = load_experiment("experiments/thakkar-table1-small.toml")
-    assert [s.name for s in small] == [s.name.replace("500", "5").replace("1000", "10").replace("2000", "20").replace("5000", "50") for s in full]
+    assert list(dict.fromkeys(s.group for s in small)) == [s.name.replace("500", "5").replace("1000", "10").replace("2000", "20").replace("5000", "50") for s in full]
+    assert {s.seed for s in small} == {0, 1} and len(small) == 2 * len(full)
+    assert all(s.config.utility is not None and s.config.data.validation_fraction > 0 and s.config.data.source == "shakespeare" for s in small)
+    assert {s.config.federated.server_optimizer for s in small if s.kind == "federated"} == {"adam"}
     _, se = load_experiment("experiments/stackexchange.toml", {"data.source": "tests/data/stackexchange-coffee/Posts.xml"})
     assert se[0].config.data.source.endswith("Posts.xml") and [s.group for s in se] == [s.group for s in specs]
 
