@@ -142,14 +142,18 @@ def _figures(kind: str, vocab: Any, true_counts: Counter) -> dict:
 PRIVATE_WORD_SHARE = 0.5
 
 
+def _as_corpus(source: FederatedCorpus | str, fmt: str | None, options: dict | None) -> FederatedCorpus:
+    """``source`` itself, or the corpus its path or spec opens."""
+    if isinstance(source, FederatedCorpus):
+        return source
+    from fedpriv.data.sources import open_corpus
+
+    return open_corpus(str(source), format=fmt, **(options or {}))
+
+
 def _public_counts(public: FederatedCorpus | str, fmt: str | None, options: dict | None, lowercase: bool) -> tuple[str, Counter]:
     """(name, plain word counts) of a public corpus."""
-    if isinstance(public, FederatedCorpus):
-        corpus = public
-    else:
-        from fedpriv.data.sources import open_corpus
-
-        corpus = open_corpus(str(public), format=fmt, **(options or {}))
+    corpus = _as_corpus(public, fmt, options)
     counter = WordCounter()
     for batch in corpus_word_batches(corpus):
         counter.add_many([[w.lower() for w in words] for words in batch] if lowercase else batch)
@@ -247,12 +251,7 @@ def build_vocab(
     if out.exists() and not out.is_dir():
         raise FedprivError(f"{out}: exists and is not a directory")
 
-    if isinstance(source, FederatedCorpus):
-        corpus = source
-    else:
-        from fedpriv.data.sources import open_corpus
-
-        corpus = open_corpus(str(source), format=source_format, **(source_options or {}))
+    corpus = _as_corpus(source, source_format, source_options)
 
     # One pass: the plain histogram and the mechanism's.
     plain = WordCounter()
