@@ -195,6 +195,7 @@ SUMMARY_SHAPE = Obj({
     "eval_split": STR_OR_NULL, "eval_accuracy": NUM_OR_NULL, "eval_perplexity": NUM_OR_NULL, "eval_f1": NUM_OR_NULL, "eval_loss": NUM_OR_NULL,
     "audit": Obj({"total": AUDIT_TOTALS, "by_configuration": Each(AUDIT_TOTALS)}), "privatize": Obj({"guarantee": STR_OR_NULL, "mechanism": STR_OR_NULL, "eta": NUM_OR_NULL, "t": NUM_OR_NULL}),
     "vocabulary": Obj({"source": STR_OR_NULL, "vocab_size": NUM_OR_NULL, "pieces_per_word": NUM_OR_NULL}), "starts_from": Each((str,)),
+    "pieces_per_word": NUM_OR_NULL,
     "group": (str,), "seed": NUM_OR_NULL, "canary_seed": NUM_OR_NULL, "privacy_unit": STR_OR_NULL, "examples_per_user": NUM_OR_NULL,
     "utility_metric": STR_OR_NULL, "utility_label": STR_OR_NULL, "utility": NUM_OR_NULL, "degenerate": STR_OR_NULL,
     "target": TARGET_SHAPE, "empirical": EMPIRICAL_SHAPE, "along": Each(Each(NUM_OR_NULL), list_=True),

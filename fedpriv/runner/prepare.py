@@ -47,14 +47,20 @@ ENCODE_CHUNK = 4096
 
 @dataclass
 class Cuts:
-    """Examples of a split that the task's length limit cuts, and the words it drops."""
+    """Examples of a split that the task's length limit cuts, and the words it drops; the split's
+    words and, for a task that splits words, their pieces (before any cut)."""
 
     examples: int = 0
     cut: int = 0
     words: int = 0
+    words_in: int = 0
+    pieces_in: int | None = None
 
-    def add(self, words_cut: int) -> None:
+    def add(self, words_cut: int, words: int = 0, pieces: int | None = None) -> None:
         self.examples += 1
+        self.words_in += words
+        if pieces is not None:
+            self.pieces_in = (self.pieces_in or 0) + pieces
         if words_cut > 0:
             self.cut += 1
             self.words += words_cut
@@ -67,7 +73,7 @@ def encode_corpus(task: Task, corpus: FederatedCorpus, cuts: Cuts | None = None)
     buf = []
     for ex in corpus.records():
         if cuts is not None:
-            cuts.add(task.words_cut(ex))
+            cuts.add(task.words_cut(ex), len(ex.words()), task.pieces(ex))
         buf.append(ex)
         if len(buf) == ENCODE_CHUNK:
             chunks.append(task.encode(buf))

@@ -44,6 +44,9 @@ def run_summary(
     data = run.data_record()
     if data is not None and data["notes"]:  # choices the data preparation made on its own
         out["data_notes"] = data["notes"]
+    training = ((data or {}).get("cut") or {}).get("training") or {}
+    if training.get("pieces_in") and training.get("words_in"):  # how finely the run's vocabulary splits its training words
+        out["pieces_per_word"] = training["pieces_in"] / training["words_in"]
     if run.has(PRIVATIZE):  # local privatization of the training text, with its guarantee
         out["privatize"] = run.record(PRIVATIZE, "privatization record")
     if run.has(VOCABULARY):  # the run learned its vocabulary: the full record (raw-data figures included)

@@ -65,6 +65,11 @@ class Task(ABC):
         """How many of the example's words :meth:`encode` drops (see :attr:`length_limit`)."""
         return 0
 
+    def pieces(self, example: Example) -> int | None:
+        """How many model inputs (subword pieces) the example's words make before any cut; None
+        for a task that does not split words. The data record sums it per split (pieces per word)."""
+        return None
+
     @abstractmethod
     def init_params(self, rng: jax.Array) -> Params:
         """Fresh model parameters."""

@@ -3,12 +3,16 @@
 Each word (``TaggedExample.tokens``) becomes its WordPiece pieces; the row is
 ``[CLS] pieces.. [SEP] [PAD]..``. The word's tag labels its FIRST piece; continuation pieces,
 [CLS], [SEP] and padding are ignored (label -1). Words are kept whole: the first word whose
-pieces do not fit in ``max_len - 2`` and all after it are cut (neither trained on nor scored).
+pieces do not fit in ``max_len - 2`` and all after it are cut (not trained on), the cut moved back to
+the start of a gold entity it would split; the gold entities cut count as missed in the entity
+scores (:func:`fedpriv.tasks.ner_metrics.whole_entity_prefix`), so F1 is always over every gold
+entity of the evaluation file, whatever the vocabulary's pieces per word.
 
 Batch (B examples, L = ``max_len``, W = L - 2 word slots): ``ids`` int32 (B, L), ``length`` int32
 (B,) real positions incl. [CLS]/[SEP], ``labels`` int32 (B, L) tag id or -1, ``word_pos`` int32
 (B, W) position of each kept word's first piece (0 past ``n_words``), ``word_tags`` int32 (B, W)
-gold tag ids (O past ``n_words``), ``n_words`` int32 (B,), ``seed`` int32 (B,) a hash of the
+gold tag ids (O past ``n_words``), ``n_words`` int32 (B,), ``gold_cut`` float32 (B,) gold entities
+past the cut, ``seed`` int32 (B,) a hash of the
 row (per-example dropout keys, as in :mod:`fedpriv.tasks.mlm`), ``mask`` float32 (B,).
 
 Per-example loss: the mean cross-entropy (nats) over the example's labeled pieces (its words).
@@ -35,8 +39,8 @@ from fedpriv.models.bert import BertConfig, BertTokenClassifier, transfer_encode
 from fedpriv.models.capture import apply_model
 from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.tasks.local_inputs import UserSide
-from fedpriv.tasks.mlm import DROPOUT_STREAM, PieceVocab, example_keys, resolve_config, row_seed, words_beyond
-from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums
+from fedpriv.tasks.mlm import DROPOUT_STREAM, PieceVocab, example_keys, resolve_config, row_seed, word_pieces, words_beyond
+from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums, whole_entity_prefix
 
 IGNORE = -1
 
@@ -126,7 +130,14 @@ class BertNERTask(UserSide, Task):
         return f"task.options.max_len = {self.max_len} pieces ([CLS] and [SEP] included)"
 
     def words_cut(self, example: Example) -> int:
-        return words_beyond(self.vocab, example.words(), self.max_len - 2)
+        words = example.words()
+        fit = len(words) - words_beyond(self.vocab, words, self.max_len - 2)
+        if isinstance(example, TaggedExample):
+            fit = whole_entity_prefix(example.tags, fit)[0]
+        return len(words) - fit
+
+    def pieces(self, example: Example) -> int:
+        return word_pieces(self.vocab, example.words())
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len
@@ -138,16 +149,17 @@ class BertNERTask(UserSide, Task):
         word_tags = np.zeros((n, W), np.int32)
         length = np.zeros(n, np.int32)
         n_words = np.zeros(n, np.int32)
+        gold_cut = np.zeros(n, np.float32)
         seed = np.zeros(n, np.int32)
         for b, ex in enumerate(examples):
             if not isinstance(ex, TaggedExample):
                 raise FedprivError("the BERT NER task encodes tagged examples only")
+            fit = len(ex.tokens) - words_beyond(v, ex.tokens, W)
+            kept, gold_cut[b] = whole_entity_prefix(ex.tags, fit)
             ids[b, 0] = v.cls
             pos = 1
-            for w, (tok, tag) in enumerate(zip(ex.tokens, ex.tags)):
+            for w, (tok, tag) in enumerate(zip(ex.tokens[:kept], ex.tags[:kept])):
                 pieces = v.word_ids(tok)
-                if pos + len(pieces) > L - 1:
-                    break
                 try:
                     t = self._tag_index[tag]
                 except KeyError:
@@ -170,6 +182,7 @@ class BertNERTask(UserSide, Task):
             "word_pos": word_pos,
             "word_tags": word_tags,
             "n_words": n_words,
+            "gold_cut": gold_cut,
             "seed": seed,
             "mask": np.ones(n, np.float32),
         }
@@ -216,7 +229,7 @@ class BertNERTask(UserSide, Task):
         pred = self._word_pred(logits, batch)
         wvalid = (jnp.arange(pred.shape[1])[None, :] < batch["n_words"][:, None]).astype(jnp.float32)
         loss_sum = jnp.sum(jnp.sum(nll, axis=1) * mask)
-        return tagging_sums(batch["word_tags"], pred, batch["n_words"], self.tables, wvalid, mask, loss_sum)
+        return tagging_sums(batch["word_tags"], pred, batch["n_words"], self.tables, wvalid, mask, loss_sum, batch["gold_cut"])
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
         return summarize_tagging(sums)

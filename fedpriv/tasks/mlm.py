@@ -144,6 +144,11 @@ def example_keys(rng: jax.Array, seeds: jax.Array, stream: int) -> jax.Array:
     return jax.vmap(lambda s: jax.random.fold_in(base, s))(seeds.astype(jnp.uint32))
 
 
+def word_pieces(vocab: PieceVocab, words: Sequence[str]) -> int:
+    """How many WordPiece pieces ``words`` make (no [CLS]/[SEP], no cut)."""
+    return sum(len(vocab.word_ids(w)) for w in words)
+
+
 def words_beyond(vocab: PieceVocab, words: Sequence[str], room: int) -> int:
     """How many of ``words`` do not wholly fit in ``room`` pieces (the first that does not, and all after it)."""
     for i, w in enumerate(words):
@@ -275,6 +280,9 @@ class MLMTask(UserSide, Task):
 
     def words_cut(self, example: Example) -> int:
         return words_beyond(self.vocab, example.words(), self.max_len - 2)
+
+    def pieces(self, example: Example) -> int:
+        return word_pieces(self.vocab, example.words())
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len

@@ -7,10 +7,13 @@ lowercasing removes is fed separately (:func:`fedpriv.models.ner.case_class`). T
 ``O`` (id 0) then the other training tags sorted; evaluation tags outside it are refused (pass
 ``tags=`` to fix the set). Sentences longer than ``max_len`` are truncated (default 128 covers
 WNUT-17 and NCBI-disease: their longest sentences have 105 and 123 tokens); the cut tokens are
-neither trained on nor scored.
+not trained on, the cut is moved back to the start of a gold entity it would split, and the gold
+entities cut count as missed (:func:`fedpriv.tasks.ner_metrics.whole_entity_prefix`), so F1 is
+over every gold entity of the evaluation file.
 
 Batch (B examples, L = ``max_len``): ``tokens``, ``case``, ``tags`` int32 (B, L) (0 past the
-end), ``length`` int32 (B,), ``mask`` float32 (B,).
+end), ``length`` int32 (B,), ``gold_cut`` float32 (B,) gold entities past the cut, ``mask``
+float32 (B,).
 
 Training noise (``train=True``, drawn from the step's rng): dropout (``dropout``) and word
 dropout (``word_dropout``: each real token's id becomes unk with that probability, so the model
@@ -48,7 +51,7 @@ from fedpriv.models.crf import allowed_transitions, constrain, crf_log_likelihoo
 from fedpriv.models.capture import apply_model
 from fedpriv.models.ner import BiLSTMTagger, case_class, char_ids
 from fedpriv.tasks.base import Batch, Params, Task
-from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums
+from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums, whole_entity_prefix
 
 FORMAT = "fedpriv-ner-task"
 _DIGIT = re.compile(r"\d")
@@ -174,7 +177,11 @@ class NERTask(Task):
         return f"task.options.max_len = {self.max_len} tokens"
 
     def words_cut(self, example: Example) -> int:
-        return max(0, len(example.words()) - self.max_len)
+        words = example.words()
+        fit = min(len(words), self.max_len)
+        if isinstance(example, TaggedExample):
+            fit = whole_entity_prefix(example.tags, fit)[0]
+        return len(words) - fit
 
     def encode(self, examples: Sequence[Example]) -> Batch:
         n, L = len(examples), self.max_len
@@ -182,11 +189,13 @@ class NERTask(Task):
         case = np.zeros((n, L), np.int32)
         tags = np.zeros((n, L), np.int32)
         length = np.zeros(n, np.int32)
+        gold_cut = np.zeros(n, np.float32)
         chars = np.zeros((n, L, self.char_width), np.int32)
         for b, ex in enumerate(examples):
             if not isinstance(ex, TaggedExample):
                 raise FedprivError("the NER task encodes tagged examples only")
-            toks, tgs = ex.tokens[:L], ex.tags[:L]
+            kept, gold_cut[b] = whole_entity_prefix(ex.tags, L)
+            toks, tgs = ex.tokens[:kept], ex.tags[:kept]
             length[b] = len(toks)
             tokens[b, : len(toks)] = [self.vocab.id(t) for t in toks]
             case[b, : len(toks)] = [case_class(t) for t in toks]
@@ -201,7 +210,7 @@ class NERTask(Task):
                     f"tag {e.args[0]!r} is not in the task's tag set ({', '.join(self.tags)}); "
                     "pass task.options.tags to include it"
                 ) from None
-        out = {"tokens": tokens, "case": case, "tags": tags, "length": length, "mask": np.ones(n, np.float32)}
+        out = {"tokens": tokens, "case": case, "tags": tags, "length": length, "gold_cut": gold_cut, "mask": np.ones(n, np.float32)}
         if self.char_dim:
             out["chars"] = chars
         return out
@@ -270,7 +279,7 @@ class NERTask(Task):
         else:
             loss_sum = jnp.sum(jnp.sum(nll_tok, axis=1) * mask)
         pred = self._decode(params, em, length)
-        return tagging_sums(batch["tags"], pred, length, self.tables, valid, mask, loss_sum)
+        return tagging_sums(batch["tags"], pred, length, self.tables, valid, mask, loss_sum, batch["gold_cut"])
 
     def summarize(self, sums: Mapping[str, float]) -> dict[str, float]:
         return summarize_tagging(sums)

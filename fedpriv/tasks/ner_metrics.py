@@ -72,6 +72,18 @@ def get_entities(seq: Sequence[str]) -> list[Chunk]:
     return chunks
 
 
+def whole_entity_prefix(tags: Sequence[str], fit: int) -> tuple[int, int]:
+    """(kept, cut): when only the first ``fit`` words of a sentence fit the model, keep the first
+    ``kept`` words, moving the cut back to the start of a gold entity it would split, and count the
+    ``cut`` gold entities that start at or after it. Scoring the kept words and adding ``cut`` to
+    the gold count makes every gold entity of the file count, whole: one beyond the cut is a miss,
+    never a shortened span that a prediction could match."""
+    fit = max(0, min(int(fit), len(tags)))
+    chunks = get_entities(tags)
+    kept = next((begin for _, begin, last in chunks if begin < fit <= last), fit)
+    return kept, sum(1 for _, begin, _ in chunks if begin >= kept)
+
+
 def entity_counts(gold_seqs: Iterable[Sequence[str]], pred_seqs: Iterable[Sequence[str]]) -> tuple[int, int, int]:
     """(true-positive entities, predicted entities, gold entities) over paired sentences."""
     tp = n_pred = n_gold = 0
@@ -152,12 +164,15 @@ def entity_counts_ids(gold: jax.Array, pred: jax.Array, length: jax.Array, table
     return tp.astype(jnp.float32), jnp.sum(ps, axis=-1).astype(jnp.float32), jnp.sum(gs, axis=-1).astype(jnp.float32)
 
 
-def tagging_sums(gold, pred, length, tables, token_valid, mask, loss_sum) -> dict:
+def tagging_sums(gold, pred, length, tables, token_valid, mask, loss_sum, gold_cut=None) -> dict:
     """The metric sums both taggers report (jittable): examples, scored tokens, loss sum, correct
     tags and entity counts. ``token_valid`` (B, L) marks the scored positions, ``mask`` (B,) the
-    real rows; ``loss_sum`` is already summed over the real rows."""
+    real rows; ``loss_sum`` is already summed over the real rows; ``gold_cut`` (B,), the gold
+    entities each row lost to the length limit (:func:`whole_entity_prefix`), counts as missed."""
     correct = jnp.sum((pred == gold) * token_valid, axis=1)
     tp, n_pred, n_gold = entity_counts_ids(gold, pred, length, tables)
+    if gold_cut is not None:
+        n_gold = n_gold + gold_cut
     return {
         "pred_hist": prediction_histogram(pred, token_valid * mask[:, None], len(tables.type_id)),
         "examples": jnp.sum(mask),

@@ -229,6 +229,11 @@ def test_bert_ner_label_alignment():
     short = BertNERTask(tok, task.tags, max_len=6).encode([ex])
     assert short["n_words"][0] == 3 and short["length"][0] == 5
     assert short["ids"][0].tolist() == [v.cls, v.index["the"], v.index["patient"], v.index["has"], v.sep, v.pad]
+    assert short["gold_cut"][0] == 2  # both diseases are past the cut, and count as missed
+    # "breast cancer" would be split after "breast" (7 pieces of room): the cut moves to its start
+    split = BertNERTask(tok, task.tags, max_len=9).encode([ex])
+    assert split["n_words"][0] == 5 and split["gold_cut"][0] == 1 and split["length"][0] == 8
+    assert task.words_cut(ex) == 0 and BertNERTask(tok, task.tags, max_len=9).words_cut(ex) == 2
     with pytest.raises(FedprivError):
         task.encode([TaggedExample(("a",), ("B-Chemical",))])
 

@@ -77,13 +77,29 @@ def test_encode_shapes_masks_and_truncation():
     b = task.encode(EXS)
     assert {k: (v.dtype, v.shape) for k, v in b.items()} == {
         "tokens": (np.int32, (3, 4)), "case": (np.int32, (3, 4)), "tags": (np.int32, (3, 4)),
-        "length": (np.int32, (3,)), "mask": (np.float32, (3,)),
+        "length": (np.int32, (3,)), "gold_cut": (np.float32, (3,)), "mask": (np.float32, (3,)),
     }
-    assert b["length"].tolist() == [4, 4, 1] and b["mask"].tolist() == [1, 1, 1]
+    # "New York" would be split at 4 tokens: the cut moves to its start and the entity counts as missed
+    assert b["length"].tolist() == [3, 4, 1] and b["mask"].tolist() == [1, 1, 1] and b["gold_cut"].tolist() == [1, 0, 0]
     assert b["tokens"][2].tolist()[1:] == [0, 0, 0] and b["case"][2].tolist() == [CASE_LOWER, 0, 0, 0]
-    assert b["tags"][0].tolist() == [task.tags.index(t) for t in ("B-person", "O", "O", "B-location")]  # cut at 4
+    assert b["tags"][0].tolist() == [task.tags.index(t) for t in ("B-person", "O", "O")] + [0]  # cut at 3, before "New York"
     assert b["tags"][2].tolist() == [0, 0, 0, 0] and task.tags[0] == "O"
     assert b["case"][1].tolist() == [CASE_MENTION, CASE_LOWER, CASE_MIXED, CASE_NUMERIC]
+    assert task.words_cut(EXS[0]) == 2 and task.words_cut(EXS[1]) == 0
+
+
+@pytest.mark.parametrize("max_len", [3, 8, 24])
+def test_entity_scores_count_every_gold_entity_whatever_the_cut(wnut, max_len):
+    """Recall is over every gold entity of the evaluation data: a gold entity past the length limit
+    counts as missed, so a shorter max_len cannot raise F1 by scoring fewer entities."""
+    task = small_task(wnut[:200], "softmax", max_len=max_len)
+    params = task.init_params(jax.random.key(0))
+    b = task.encode(wnut[:200])
+    summary = task.summarize(add_sums({}, jax.jit(task.metric_sums)(params, b)))
+    gold = entity_counts([s.tags for s in wnut[:200]], [s.tags for s in wnut[:200]])[2]
+    assert summary["entities_gold"] == gold
+    if max_len == 3:  # the test exercises the cut: entities past it exist and are counted
+        assert b["gold_cut"].sum() > 0 and summary["entities_correct"] < gold
 
 
 def test_encode_refuses_unknown_tags_and_text_examples():

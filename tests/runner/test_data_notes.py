@@ -25,7 +25,9 @@ def test_stackexchange_notes_and_truncation_reach_the_log_and_the_run(tmp_path, 
     run = RunDir(tmp_path / "run").create()
     p.save_assets(run.path)
     data = json.loads(run.file(DATA).read_text())
-    assert data["notes"] == notes and data["cut"]["training"] == {"examples": p.train.num_examples, "cut": len(train), "words": sum(train)}
+    words_in = sum(len(e.words()) for e in p.train.records())
+    assert data["notes"] == notes and data["cut"]["training"] == {
+        "examples": p.train.num_examples, "cut": len(train), "words": sum(train), "words_in": words_in, "pieces_in": None}
     assert data["source"]["skipped_dropped_owner"] == 12
     assert run_summary("se", "central", cfg, run.path)["data_notes"] == notes
 

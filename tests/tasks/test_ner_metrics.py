@@ -4,7 +4,7 @@ import jax
 import numpy as np
 import pytest
 
-from fedpriv.tasks.ner_metrics import chunk_tables, entity_counts, entity_counts_ids, get_entities, prf
+from fedpriv.tasks.ner_metrics import chunk_tables, entity_counts, entity_counts_ids, get_entities, prf, whole_entity_prefix
 
 
 @pytest.mark.parametrize(
@@ -154,3 +154,25 @@ def test_device_counts_equal_host_counts(scheme):
 def test_chunk_tables_need_o():
     with pytest.raises(ValueError):
         chunk_tables(["B-X", "I-X"])
+
+
+@pytest.mark.parametrize(
+    "tags, fit, expected",
+    [
+        (["B-D", "I-D", "O", "B-D"], 4, (4, 0)),  # everything fits
+        (["B-D", "I-D", "O", "B-D"], 9, (4, 0)),  # more room than words
+        (["B-D", "I-D", "O", "B-D"], 3, (3, 1)),  # the cut falls between entities: the last one is missed
+        (["O", "B-D", "I-D", "I-D", "O"], 3, (1, 1)),  # the cut would split an entity: moved to its start
+        (["O", "I-D", "I-D", "B-D"], 2, (1, 2)),  # an I- after O starts an entity (IOB1)
+        (["B-X", "E-X", "S-Y"], 1, (0, 2)),  # IOBES
+        (["O", "O"], 1, (1, 0)),
+        (["B-D"], 0, (0, 1)),
+        ([], 5, (0, 0)),
+    ],
+)
+def test_whole_entity_prefix(tags, fit, expected):
+    kept, cut = whole_entity_prefix(tags, fit)
+    assert (kept, cut) == expected
+    # every gold entity is either kept whole or counted as cut, never shortened
+    assert get_entities(tags[:kept]) == [c for c in get_entities(tags) if c[2] < kept]
+    assert len(get_entities(tags[:kept])) + cut == len(get_entities(tags))
