@@ -29,6 +29,9 @@ from pathlib import Path
 from typing import Any
 
 NOT_USED, NOT_PRIVATE, NOT_COMPOSED = "not used", "not private", "not composed"
+#: The privacy unit of a run whose own training is not private but whose encoder is: its
+#: epsilon is the encoder's (vocabulary and pretraining stages), per example of the same data.
+ENCODER_UNIT = "example, encoder only"
 
 
 @dataclass(frozen=True)
@@ -115,23 +118,79 @@ def compose(stages: Sequence[Stage], source: str) -> dict[str, Any]:
                    f"basic composition of {' + '.join(names)}"}
 
 
+def _dp_sources(stages: Sequence[Stage]) -> list[str]:
+    out: list[str] = []
+    for st in stages:
+        if st.epsilon is not None and source_key(st.source) not in map(source_key, out):
+            out.append(st.source)
+    return out
+
+
+def chain_privacy(name: str, summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The privacy run ``name`` carries from its chain, on its own training data D: ``epsilon``,
+    ``delta``, ``unit`` (a privacy unit; :data:`ENCODER_UNIT` when only the earlier stages are
+    private on D) and ``assumptions``; None for a run with no earlier stage (it starts from no run
+    and its vocabulary, if any, has no DP), or when a run of its chain has no summary.
+
+    * every stage on D private and composable: the composed guarantee;
+    * the run's own training reads D without DP but the earlier stages on D compose privately (a
+      tagger fine-tuned without DP on the corpus its encoder was privately pretrained on): the
+      encoder's guarantee, with unit :data:`ENCODER_UNIT` and the statement that the run's own
+      model is not private on D;
+    * otherwise the run's own guarantee (None: not private) and why the chain does not compose.
+    The chain's guarantees on other datasets are appended to ``assumptions``."""
+    s = summaries.get(name)
+    if s is None:
+        return None
+    try:
+        runs = chain_runs(name, summaries)
+    except KeyError:
+        return None
+    vocab_dp = bool((summaries[runs[-1]].get("vocabulary") or {}).get("dp"))
+    if len(runs) == 1 and not vocab_dp:
+        return None
+    stages = chain_stages(name, summaries)
+    own, data = stages[-1], stages[-1].source
+    full = compose(stages, data)
+    unit = s.get("privacy_unit")
+    if full["status"] == "private":
+        out = {"epsilon": full["epsilon"], "delta": full["delta"], "unit": unit or "example", "assumptions": f"{full['why']}; {own.what} ({own.run}): {own.guarantee}"}
+    elif full["status"] == NOT_USED:  # cannot happen (the run's own stage reads D); kept total
+        return None
+    else:
+        earlier = compose(stages[:-1], data)
+        if own.epsilon is None and earlier["status"] == "private":
+            out = {"epsilon": earlier["epsilon"], "delta": earlier["delta"], "unit": ENCODER_UNIT,
+                   "assumptions": f"the encoder it starts from: {earlier['why']}; this run's own training ({own.what}, {own.run}) reads "
+                                  f"{dataset_label(data)} without DP, so its model is not private on {dataset_label(data)}"}
+        else:
+            out = {"epsilon": own.epsilon, "delta": own.delta, "unit": unit if own.epsilon is not None else None,
+                   "assumptions": f"{own.guarantee}; the chain on {dataset_label(data)}: {full['status']} ({full['why']})"}
+    for other in _dp_sources(stages):
+        if source_key(other) != source_key(data):
+            c = compose(stages, other)
+            out["assumptions"] += f"; on {dataset_label(other)}: " + (c["why"] if c["status"] == "private" else f"{c['status']} ({c.get('why', '')})")
+    return out
+
+
 def private_sources(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """Sources that some DP stage of some chain reads (the datasets the chains protect), in order."""
     out: list[str] = []
     for name in summaries:
         if summaries[name].get("task") not in ("mlm", "bert-ner"):
             continue
-        for st in chain_stages(name, summaries):
-            if st.epsilon is not None and source_key(st.source) not in map(source_key, out):
-                out.append(st.source)
+        for src in _dp_sources(chain_stages(name, summaries)):
+            if source_key(src) not in map(source_key, out):
+                out.append(src)
     return out
 
 
 def encoder_rows(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per masked-LM run that a fine-tuning run starts from (the pretrained encoders,
-    Hoory et al. 2021 Table 2): its vocabulary, each stage's epsilon, the composed guarantee on
-    every private source, its held-out MLM accuracy, its secret-sharer exposure, and the entity F1
-    of every fine-tuning run that starts from it (keyed by the fine-tuning evaluation data)."""
+    Hoory et al. 2021 Table 2): its group and seed, its vocabulary (and the group of the run that
+    learned it), each stage's epsilon, the composed guarantee on every private source, its MLM
+    accuracy and where it was measured, its secret-sharer exposure, and the fine-tuning runs that
+    start from it (entity F1 and pieces per word on their data, keyed by evaluation data)."""
     private = private_sources(summaries)
     rows = []
     for name, s in summaries.items():
@@ -139,22 +198,34 @@ def encoder_rows(summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, A
             continue
         tuned = [t for t in summaries.values() if t.get("task") == "bert-ner" and (t.get("starts_from") or {}).get("pretrained") == name]
         stages = chain_stages(name, summaries)
-        vocab = summaries[chain_runs(name, summaries)[-1]].get("vocabulary") or {}  # the full record of the run that learned it
+        root = chain_runs(name, summaries)[-1]
+        vocab = summaries[root].get("vocabulary") or {}  # the full record of the run that learned it
         audit = (s.get("audit") or {}).get("total", {})
         rows.append({
             "encoder": name,
+            "group": s.get("group") or name,
+            "vocab_group": summaries[root].get("group") or root,
             "fine_tuned": bool(tuned),
-            "vocabulary": f"{dataset_label(vocab.get('source', '?'))}{' (DP)' if vocab.get('dp') else ''}",
+            "vocabulary": f"{dataset_label(vocab.get('source', '?'))}{' (DP)' if vocab.get('dp') else ''}"
+                          + (f" + {dataset_label(vocab['public_source'])} (public)" if vocab.get("public_source") else ""),
             "vocab_size": vocab.get("vocab_size"),
-            "pieces_per_word": vocab.get("pieces_per_word"),
             "stages": stages,
             "composed": {src: compose(stages, src) for src in private},
             "mlm_accuracy": s.get("eval_accuracy"),
             "mlm_eval": dataset_label(s["eval_source"]) if s.get("eval_source") else f"held-out users of {dataset_label(s.get('data_source', '?'))}",
             "exposure_mean_bits": audit.get("exposure_mean"),
-            "f1": _f1_by_dataset(tuned),
+            "f1": _by_dataset(tuned, "eval_f1"),
+            "pieces": _by_dataset(tuned, "pieces_per_word", key="data_source"),
         })
     return rows
+
+
+def _by_dataset(tuned: list[Mapping[str, Any]], field: str, key: str = "eval_source") -> dict[str, list[tuple[str, Any]]]:
+    """Dataset (the runs' ``key``) -> [(fine-tuning group, its ``field``), ...] in run order."""
+    out: dict[str, list[tuple[str, Any]]] = {}
+    for t in tuned:
+        out.setdefault(dataset_label(t.get(key) or t.get("data_source", "?")), []).append((t.get("group") or t["name"], t.get(field)))
+    return out
 
 
 def _eps(status: Mapping[str, Any]) -> str:
@@ -167,47 +238,90 @@ def _pct(v: Any) -> str:
     return "-" if v is None else f"{100 * float(v):.1f}"
 
 
-def _f1_by_dataset(tuned: list[Mapping[str, Any]]) -> dict[str, list[tuple[str, Any]]]:
-    """Evaluation dataset -> [(fine-tuning run, entity F1), ...] in run order."""
-    out: dict[str, list[tuple[str, Any]]] = {}
-    for t in tuned:
-        out.setdefault(dataset_label(t.get("eval_source") or t.get("data_source", "?")), []).append((t["name"], t.get("eval_f1")))
+def _estimate(values: Sequence[Any], scale: float = 100.0, fmt: str = ".1f") -> str:
+    """Mean over seeds with its 95% bootstrap interval over seeds ('-' without values; the mean
+    alone with one seed, or when a seed lacks the value)."""
+    vals = [float(v) for v in values if v is not None]
+    if not vals:
+        return "-"
+    if len(vals) < len(values) or len(vals) == 1:
+        return format(scale * sum(vals) / len(vals), fmt)
+    from fedpriv.report.intervals import interval
+
+    est = interval([[v] for v in vals])
+    return f"{format(scale * est.mean, fmt)} [{format(scale * est.low, fmt)}–{format(scale * est.high, fmt)}]"
+
+
+def _groups(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r["group"], []).append(r)
     return out
 
 
-def _f1_cell(runs: list[tuple[str, Any]] | None) -> str:
-    """One fine-tuning: its F1; several on the same data: each F1 with its run's name."""
-    if not runs:
+def _tuned_cell(seeds: Sequence[Mapping[str, Any]], field: str, dataset: str, scale: float = 100.0, fmt: str = ".1f", first: bool = False) -> str:
+    """The fine-tuning runs' ``field`` on ``dataset`` over an encoder group's seeds: one
+    fine-tuning group, its estimate; several (e.g. two fine-tuning recipes), each with its name
+    (``first``: the first group's only, for a field they share)."""
+    names = list(dict.fromkeys(g for r in seeds for g, _ in r[field].get(dataset, [])))[: 1 if first else None]
+    if not names:
         return "-"
-    if len(runs) == 1:
-        return _pct(runs[0][1])
-    return "; ".join(f"{_pct(f1)} ({name})" for name, f1 in runs)
+    cells = []
+    for g in names:
+        per_seed = [next((v for n, v in r[field].get(dataset, []) if n == g), None) for r in seeds]
+        cells.append(_estimate(per_seed, scale, fmt))
+    return cells[0] if len(names) == 1 else "; ".join(f"{c} ({g})" for c, g in zip(cells, names))
 
 
 def chains_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
-    """``chains.md``: the encoders table, each stage's guarantee, and the vocabulary sizes."""
+    """``chains.md``: the encoders (a group's seeds together) with their composed epsilon and the
+    fine-tuned F1 (mean and 95% interval over seeds); the masked-LM accuracy in blocks of encoders
+    evaluated on the same data with the same vocabulary (the only ones it compares); each stage's
+    guarantee; the vocabularies' coverage."""
     rows = [r for r in encoder_rows(summaries) if r["fine_tuned"]]
     if not rows:
         return ""
     private = private_sources(summaries)
+    groups = _groups(rows)
     datasets = list(dict.fromkeys(k for r in rows for k in r["f1"]))
-    head = ["encoder", "vocabulary", "tokens", "pieces/word", *[f"ε on {dataset_label(p)}" for p in private],
-            "MLM acc. (%) on", "exposure (bits) of max", *[f"F1 {d} (%)" for d in datasets]]
+    tuned_on = list(dict.fromkeys(k for r in rows for k in r["pieces"]))
+    head = ["encoder", "seeds", "vocabulary", "tokens", *[f"pieces/word on {d}" for d in tuned_on],
+            *[f"ε on {dataset_label(p)}" for p in private], *[f"tagger F1 on {d} (%)" for d in datasets]]
     lines = ["# Pretrained encoders and fine-tuning (Hoory et al. 2021, Table 2)", "",
              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in rows:
-        cells = [r["encoder"], r["vocabulary"], str(r["vocab_size"]), f"{r['pieces_per_word']:.2f}" if r["pieces_per_word"] else "-",
-                 *[_eps(r["composed"][p]) for p in private], f"{_pct(r['mlm_accuracy'])} {r['mlm_eval']}",
-                 "-" if r["exposure_mean_bits"] is None else f"{r['exposure_mean_bits']:.2f} of {math.log2(r['vocab_size']):.2f}",
-                 *[_f1_cell(r["f1"].get(d)) for d in datasets]]
+    for name, seeds in groups.items():
+        r = seeds[0]
+        cells = [name, str(len(seeds)), r["vocabulary"], str(r["vocab_size"]),
+                 *[_tuned_cell(seeds, "pieces", d, 1.0, ".2f", first=True) for d in tuned_on],
+                 *[_eps(r["composed"][p]) for p in private],
+                 *[_tuned_cell(seeds, "f1", d) for d in datasets]]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "MLM accuracy is on each encoder's own evaluation data (named), so it compares encoders "
-              "evaluated on the same data and vocabulary only. Exposure is the masked-LM secret sharer's mean over the "
-              "canaries (log2 V - log2 rank of the secret among the V tokens); its maximum, log2 V, depends on the vocabulary.",
-              "", "ε of the pretrained encoder (vocabulary and masked-LM stages; fine-tuning is not included: the "
-              "fine-tuned taggers are not private on their own training data). Each stage, with its guarantee:", ""]
-    for r in rows:
-        lines.append(f"- **{r['encoder']}**:")
+    lines += ["", "Tagger F1: entity F1 of the taggers fine-tuned from each encoder, on the named test data, every gold entity counted "
+              "(one past the length limit is a miss); mean over seeds with its 95% bootstrap interval over seeds. Pieces per word: "
+              "how finely the encoder's vocabulary splits the fine-tuning data's words. "
+              "ε: the encoder's vocabulary and pretraining stages composed (below); the fine-tuning is not included, and when it reads "
+              "the same data without DP the tagger itself is not private on that data (comparison.md says so row by row).", ""]
+    lines += ["## Masked-LM accuracy, compared only within a block", "",
+              "Each block holds the encoders evaluated on the same data with the same vocabulary; accuracies of different blocks "
+              "are not comparable (a smaller vocabulary makes each masked piece easier to guess). Exposure is the masked-LM secret "
+              "sharer's mean over the canaries (log2 V - log2 rank of the secret among the V tokens), out of its maximum log2 V.", ""]
+    blocks: dict[tuple[str, str], list[str]] = {}
+    for name, seeds in groups.items():
+        blocks.setdefault((seeds[0]["mlm_eval"], seeds[0]["vocab_group"]), []).append(name)
+    for (where, vocab_group), names in blocks.items():
+        v = groups[names[0]][0]
+        lines += [f"**{where}**, vocabulary of run {vocab_group} ({v['vocabulary']}, {v['vocab_size']} tokens):", "",
+                  "| encoder | seeds | MLM accuracy (%) | exposure (bits) of max |", "|---|---|---|---|"]
+        for n in names:
+            seeds = groups[n]
+            exp = _estimate([r["exposure_mean_bits"] for r in seeds], 1.0, ".2f")
+            of_max = "" if exp == "-" else f" of {math.log2(v['vocab_size']):.2f}"
+            lines.append(f"| {n} | {len(seeds)} | {_estimate([r['mlm_accuracy'] for r in seeds])} | {exp}{of_max} |")
+        lines.append("")
+    lines += ["## Each encoder's stages and guarantee", "", "The first seed's chain (the other seeds' have the same stages and guarantees).", ""]
+    for name, seeds in groups.items():
+        r = seeds[0]
+        lines.append(f"- **{name}**:")
         for st in r["stages"]:
             eps = "no DP" if st.epsilon is None else f"ε = {st.epsilon:.4g}, δ = {st.delta:.3g}"
             lines.append(f"  - {st.what} on {dataset_label(st.source)} (run {st.run}): {eps}. {st.guarantee}")
@@ -215,14 +329,28 @@ def chains_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
             c = r["composed"][p]
             if c.get("why"):
                 lines.append(f"  - on {dataset_label(p)}: {c['why']}.")
+    return "\n".join(lines + vocabulary_lines(summaries)) + "\n"
+
+
+def vocabulary_lines(summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The DP vocabularies learned by the experiment's runs, each on its private source: tokens and
+    pieces per word of the released vocabulary, and, computed from the raw data for comparison only,
+    those of the non-private vocabulary of the same size and, for a public-extended one, of its
+    public part alone and of the histogram alone."""
     vocabs = [(n, s["vocabulary"]) for n, s in summaries.items()
-              if s.get("task") == "mlm" and not (s.get("starts_from") or {}).get("pretrained") and (s.get("vocabulary") or {}).get("non_private")]
-    if vocabs:
-        lines += ["", "## DP versus non-private vocabulary (the same source, size and settings)", "",
-                  "| run | source | DP tokens | non-private tokens | DP pieces/word | non-private pieces/word | token overlap |", "|---|---|---|---|---|---|---|"]
-        for n, v in vocabs:
-            np_ = v["non_private"]
-            lines.append(f"| {n} | {dataset_label(v['source'])} | {v['vocab_size']} | {np_['vocab_size']} | {v['pieces_per_word']:.2f} | "
-                         f"{np_['pieces_per_word']:.2f} | {np_['token_overlap_with_dp']:.3f} |")
-        lines += ["", "The non-private figures are computed from the raw data, for comparison only; they are not released by the DP runs."]
-    return "\n".join(lines) + "\n"
+              if s.get("task") == "mlm" and not (s.get("starts_from") or {}).get("pretrained") and (s.get("vocabulary") or {}).get("dp")]
+    if not vocabs:
+        return []
+    out = ["", "## DP vocabularies on their private source", "",
+           "| run | source | vocabulary | tokens | pieces/word | words added to the public part | public part alone: pieces/word | "
+           "DP histogram alone: pieces/word | non-private: tokens | non-private: pieces/word |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for n, v in vocabs:
+        pub, np_ = v.get("public") or {}, v.get("non_private") or {}
+        def f(d: Mapping[str, Any], k: str = "pieces_per_word") -> str:
+            return "-" if d.get(k) is None else (f"{d[k]:.2f}" if isinstance(d[k], float) else str(d[k]))
+        kind = f"public ({dataset_label(v['public_source'])}) + DP words" if v.get("public_source") else "DP histogram only"
+        out.append(f"| {n} | {dataset_label(v['source'])} | {kind} | {f(v, 'vocab_size')} | {f(v)} | {f(pub, 'words_added')} | "
+                   f"{f(pub.get('public_only') or {})} | {f(pub.get('histogram_only') or {})} | {f(np_, 'vocab_size')} | {f(np_)} |")
+    out += ["", "Pieces per word are over the private source's word occurrences. Only the released vocabulary is DP; the other "
+            "figures are computed from the raw data for comparison and are not released by the runs."]
+    return out

@@ -142,7 +142,8 @@ def plot_epsilon_vs_parameters(curves: Sequence[Mapping[str, Any]], path: str | 
     return _save(fig, path)
 
 
-UNIT_MARKERS = {"example-level DP": "o", "user-level DP": "s", "record-level DP inside each client": "^"}
+UNIT_MARKERS = {"example-level DP": "o", "user-level DP": "s", "record-level DP inside each client": "^",
+                "example-level DP of the encoder only (own training not private)": "D"}
 
 
 def utility_point_styles(points: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, str | None]]:

@@ -42,7 +42,7 @@ from fedpriv.memorization.audit import configuration_label
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.report import plots
-from fedpriv.report.chain import chains_markdown
+from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown
 from fedpriv.report.intervals import Estimate, interval, paired_difference
 from fedpriv.report.measurements import write_measurements
 from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir, read_store_record
@@ -160,8 +160,9 @@ def batch_of(summary: Mapping[str, Any]) -> tuple[int | None, str]:
     return summary.get("clients_per_round"), "users"
 
 
-UNIT_ORDER = {None: 0, "example": 1, "example (client-side)": 2, "user": 3}
-UNIT_TITLES = {None: "not private", "example": "example-level DP", "example (client-side)": "record-level DP inside each client", "user": "user-level DP"}
+UNIT_ORDER = {None: 0, ENCODER_UNIT: 1, "example": 2, "example (client-side)": 3, "user": 4}
+UNIT_TITLES = {None: "not private", ENCODER_UNIT: "example-level DP of the encoder only (own training not private)", "example": "example-level DP",
+               "example (client-side)": "record-level DP inside each client", "user": "user-level DP"}
 
 
 def run_flag(summary: Mapping[str, Any]) -> str:
@@ -191,6 +192,10 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
         total = (s.get("audit") or {}).get("total", {})
         batch, unit = batch_of(s)
         epsilon, delta, assumptions = privacy_columns(s)
+        privacy_unit = s.get("privacy_unit")
+        inherited = chain_privacy(run["name"], summaries)  # a run that starts from earlier runs carries their privacy
+        if inherited is not None:
+            epsilon, delta, privacy_unit, assumptions = inherited["epsilon"], inherited["delta"], inherited["unit"], inherited["assumptions"]
         t = s.get("target") or {}
         rows.append({
             "run": run["name"],
@@ -202,7 +207,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "data": data_label(s),
             "batch": batch,
             "batch_unit": unit,
-            "privacy_unit": s.get("privacy_unit"),
+            "privacy_unit": privacy_unit,
             "canaries": total.get("canaries"),
             "rs_memorized": total.get("rs_memorized"),
             "bs_memorized": total.get("bs_memorized"),
@@ -596,7 +601,8 @@ def introduction(name: str, settings: Mapping[str, Any], label: str = "utility")
         "for federated runs IID means records resharded over synthetic same-size users and non-IID the natural users. "
         "**Batch** is records (or users, for user-level DP-SGD) per step (central; the expected size under Poisson sampling) or users per round (federated). "
         "Rows are grouped by **privacy unit**: an example-level ε protects one example, a user-level ε one user's whole data, "
-        "and the two are different promises. **ε** is at the δ shown; the neighbouring relation (add-or-remove-one or replace-one), "
+        "and the two are different promises; a run that starts from a pretrained encoder carries its chain's ε (vocabulary and "
+        "pretraining composed, per example of its data), and when its own training is not private its unit says so (encoder only). **ε** is at the δ shown; the neighbouring relation (add-or-remove-one or replace-one), "
         "the sampling and the accountant are stated in the assumptions column. ∞ / not private: no noise was added.",
         "",
     ]

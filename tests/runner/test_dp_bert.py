@@ -146,14 +146,23 @@ def test_a_run_starting_from_another_cannot_set_its_own_vocabulary():
 def test_shipped_dp_bert_experiment_expands_to_the_papers_table():
     _, specs = load_experiment("experiments/dp-bert.toml")
     by = {s.name: s.config for s in specs}
-    assert by["public-bert-dp-vocab"].vocab.dp == "gaussian" and by["public-bert-dp-vocab"].vocab.tuple_size == 256
-    assert by["public-bert-dp-vocab"].vocab.source == by["dp-eps1.0"].data.source == NCBI
-    assert {by[n].privacy.target_epsilon for n in ("dp-eps1.0", "dp-eps8.0")} == {1.0, 8.0}
-    assert all(by[n].privacy.sampling == "poisson" for n in ("dp-eps1.0", "dp-eps8.0"))
+    assert {s.config.seed for s in specs} == {0, 1} and len(specs) == 2 * 15  # two seeds, the whole chain each
+    for seed in (0, 1):
+        dp_vocab, ext_vocab = by[f"public-bert-dp-vocab-s{seed}"].vocab, by[f"public-bert-extended-vocab-s{seed}"].vocab
+        assert dp_vocab.dp == ext_vocab.dp == "gaussian" and dp_vocab.tuple_size == ext_vocab.tuple_size == 256
+        assert dp_vocab.public is None and ext_vocab.public == "shakespeare"  # the paper's DP vocabulary, and the public one extended
+        assert dp_vocab.source == ext_vocab.source == by[f"dp-eps1.0-s{seed}"].data.source == NCBI
+        dp_runs = [f"{p}-eps{e}-s{seed}" for p in ("dp", "dp-extended") for e in ("1.0", "8.0")]
+        assert {by[n].privacy.target_epsilon for n in dp_runs} == {1.0, 8.0}
+        assert all(by[n].privacy.sampling == "poisson" for n in dp_runs)
+        assert set(by[f"nonprivate-s{seed}"].canaries.patterns) == {"HS", "HSH", "HHSHH"}
     tuned = [s for s in specs if s.config.task.kind == "bert-ner"]
-    assert {s.config.task.options["pretrained"] for s in tuned} == {"run:public", "run:nonprivate", "run:dp-eps1.0", "run:dp-eps8.0", "run:dp-public-vocab-eps1.0", "run:dp-public-vocab-eps8.0"}
-    assert {Path(s.config.data.source).parent.name for s in tuned} == {"ncbi-disease", "wnut17"}
-    assert set(by["nonprivate"].canaries.patterns) == {"HS", "HSH", "HHSHH"}
+    assert {s.config.task.options["pretrained"] for s in tuned} == {
+        f"run:{e}" for e in ("public", "nonprivate", "dp-eps1.0", "dp-eps8.0", "dp-extended-eps1.0", "dp-extended-eps8.0")}
+    # every tagger is fine-tuned and scored alike: the same data, recipe and length limit
+    assert {(s.config.data.source, s.config.data.eval_source, s.config.task.options["max_len"], s.config.training.learning_rate,
+             s.config.training.steps) for s in tuned} == {(NCBI, "tests/data/ncbi-disease/test.tsv", 128, tuned[0].config.training.learning_rate,
+                                                          tuned[0].config.training.steps)}
 
 
 # ---- end to end -------------------------------------------------------------------------------------------
@@ -235,7 +244,8 @@ def test_a_dp_bert_chain_runs_and_reports_the_composed_epsilon(run_toml):
     assert c["epsilon"] == pytest.approx(0.9 + dp["epsilon"]) and c["delta"] == pytest.approx(2e-6)
     chains = (write_report(store) / "chains.md").read_text()
     assert f"{0.9 + dp['epsilon']:.3g} (δ 2e-06)" in chains and "| ner-" not in chains and "| dp |" in chains
-    assert "F1 wnut17/emerging.dev.conll (%)" in chains and "| public-dp-vocab | ncbi-disease/train.tsv |" in chains
+    assert "tagger F1 on wnut17/emerging.dev.conll (%)" in chains and "| public-dp-vocab | ncbi-disease/train.tsv | DP histogram only |" in chains
+    assert ner["pieces_per_word"] > 1.0 and "pieces/word on wnut17/wnut17train.conll" in chains
     assert math.isfinite(ner["eval_f1"])
 
 
@@ -250,3 +260,83 @@ def test_the_chain_table_lists_every_fine_tuning_of_an_encoder_on_the_same_data(
     del s["ner-frozen"]
     row = next(line for line in chains_markdown(s).splitlines() if line.startswith("| dp |"))
     assert row.endswith("| 25.0 |")  # one fine-tuning: its F1 alone
+
+
+# ---- what the report says of runs in a chain -----------------------------------------------------------
+def test_a_run_carries_the_privacy_of_its_chain():
+    from fedpriv.report.chain import ENCODER_UNIT, chain_privacy
+
+    s = _summaries()
+    s["dp"]["privacy_unit"] = "example"
+    s["ner-ncbi"] = {**s["ner"], "name": "ner-ncbi", "data_source": NCBI}
+    # DP continued pretraining: the DP vocabulary and DP-SGD composed on its data
+    dp = chain_privacy("dp", s)
+    assert (dp["epsilon"], dp["delta"], dp["unit"]) == (1.5, 2e-6, "example") and "basic composition" in dp["assumptions"]
+    # a tagger fine-tuned WITHOUT DP on the corpus its encoder was privately pretrained on: the
+    # encoder's epsilon, with a unit and a sentence that say its own training is not private
+    tagger = chain_privacy("ner-ncbi", s)
+    assert (tagger["epsilon"], tagger["delta"], tagger["unit"]) == (1.5, 2e-6, ENCODER_UNIT)
+    assert "not private on ncbi-disease/train.tsv" in tagger["assumptions"]
+    # fine-tuned on other data: not private on it, and the encoder's guarantee on NCBI is stated
+    other = chain_privacy("ner", s)
+    assert other["epsilon"] is None and other["unit"] is None
+    assert "on ncbi-disease/train.tsv: (1.5, 2e-06)-DP" in other["assumptions"]
+    # the run that learned the DP vocabulary: its own training (public text) is not private; the vocabulary's guarantee is stated
+    pub = chain_privacy("pub", s)
+    assert pub["epsilon"] is None and "on ncbi-disease/train.tsv: (0.5, 1e-06)-DP" in pub["assumptions"]
+    # no chain (no earlier run, no DP vocabulary): the run's own columns stand
+    s["plain"] = {"name": "plain", "kind": "central", "task": "mlm", "data_source": NCBI, "vocabulary": {"source": NCBI, "dp": None}}
+    assert chain_privacy("plain", s) is None and chain_privacy("missing", s) is None
+    # a chain whose vocabulary protects another relation: the run's own guarantee, and why the chain does not compose
+    s2 = _summaries(vocab=_vocab_record(partition="stream"))
+    s2["dp"]["privacy_unit"] = "example"
+    own = chain_privacy("dp", s2)
+    assert (own["epsilon"], own["unit"]) == (1.0, "example") and "not composed" in own["assumptions"]
+
+
+def test_the_comparison_rows_of_a_chain_carry_its_privacy():
+    from fedpriv.report.chain import ENCODER_UNIT
+    from fedpriv.report.tables import comparison_rows, epsilon_text
+
+    s = _summaries()
+    s["ner"]["data_source"] = NCBI
+    rows = {r["run"]: r for r in comparison_rows([{"name": n, "kind": "central"} for n in s], s)}
+    assert rows["ner"]["epsilon"] == 1.5 and rows["ner"]["privacy_unit"] == ENCODER_UNIT
+    assert epsilon_text(rows["ner"]["epsilon"], rows["ner"]["delta"], rows["ner"]["privacy_unit"]) == "1.5 per example, encoder only (δ = 2e-06)"
+    assert rows["dp"]["epsilon"] == 1.5 and rows["pub"]["epsilon"] is None
+
+
+def _seeded_chain():
+    """Two seeds of: public (public vocabulary) and dp (DP vocabulary + DP-SGD), each fine-tuned on NCBI."""
+    s = {}
+    for seed, (f_pub, f_dp, acc_pub, acc_dp) in enumerate([(0.30, 0.20, 0.17, 0.27), (0.34, 0.22, 0.18, 0.29)]):
+        def put(name, **kw):
+            s[f"{name}-s{seed}"] = {"name": f"{name}-s{seed}", "group": name, "seed": seed, "kind": "central", **kw}
+        put("public", task="mlm", data_source="shakespeare", vocabulary={"source": "shakespeare", "dp": None, "vocab_size": 4000}, eval_accuracy=acc_pub)
+        put("dp-vocab", task="mlm", data_source="shakespeare", vocabulary={**_vocab_record(), "vocab_size": 159})
+        put("dp", task="mlm", data_source=NCBI, starts_from={"pretrained": f"dp-vocab-s{seed}"}, epsilon=1.0, delta=1e-6, sampling="poisson",
+            guarantee="dp-sgd", eval_source="tests/data/ncbi-disease/devel.tsv", eval_accuracy=acc_dp)
+        put("ner-public", task="bert-ner", data_source=NCBI, eval_source="tests/data/ncbi-disease/test.tsv", starts_from={"pretrained": f"public-s{seed}"},
+            eval_f1=f_pub, pieces_per_word=2.0)
+        put("ner-dp", task="bert-ner", data_source=NCBI, eval_source="tests/data/ncbi-disease/test.tsv", starts_from={"pretrained": f"dp-s{seed}"},
+            eval_f1=f_dp, pieces_per_word=4.2)
+    return s
+
+
+def test_the_chain_table_groups_seeds_and_keeps_incomparable_mlm_accuracies_apart():
+    from fedpriv.report.chain import chains_markdown
+
+    md = chains_markdown(_seeded_chain())
+    head = next(line for line in md.splitlines() if line.startswith("| encoder | seeds |"))
+    assert "pieces/word on ncbi-disease/train.tsv" in head and "tagger F1 on ncbi-disease/test.tsv (%)" in head and "MLM" not in head
+    public = next(line for line in md.splitlines() if line.startswith("| public | 2 |"))
+    dp = next(line for line in md.splitlines() if line.startswith("| dp | 2 |"))
+    assert "| 2.00 [2.00–2.00] |" in public and public.endswith("| 32.0 [30.0–34.0] |")  # F1 mean and interval over the two seeds
+    assert "| 1.5 (δ 2e-06) |" in dp and dp.endswith("| 21.0 [20.0–22.0] |") and "| 4.20 [4.20–4.20] |" in dp
+    # MLM accuracy: one block per (evaluation data, vocabulary); never two encoders of different blocks in one table
+    blocks = md.split("## Masked-LM accuracy")[1].split("## Each encoder")[0]
+    assert "**held-out users of shakespeare**, vocabulary of run public" in blocks
+    assert "**ncbi-disease/devel.tsv**, vocabulary of run dp-vocab" in blocks
+    first, second = blocks.split("**")[2], blocks.split("**")[4]
+    assert "| public | 2 | 17.5 [17.0–18.0] |" in first and "| dp |" not in first
+    assert "| dp | 2 | 28.0 [27.0–29.0] |" in second and "| public |" not in second
