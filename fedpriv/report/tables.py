@@ -517,6 +517,15 @@ def estimate_text(est: Estimate | None, fmt: str = ".3g", scale: float = 1.0, of
     return f"{head} [{format(est.low * scale, fmt)}–{format(est.high * scale, fmt)}]"
 
 
+def rows_by_utility(rows: Sequence[Mapping[str, Any]]) -> dict[str, list[Mapping[str, Any]]]:
+    """Rows grouped by their headline utility's label, in order of first appearance ('utility'
+    for rows without one); never empty."""
+    out: dict[str, list[Mapping[str, Any]]] = {}
+    for r in rows:
+        out.setdefault(r.get("utility_label") or "utility", []).append(r)
+    return out or {"utility": []}
+
+
 def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The comparison table (one row per run group) as Markdown lines: the headline utility in %
     first among the utilities, then accuracy and perplexity; memorization with intervals."""
@@ -621,9 +630,18 @@ def comparison_markdown(
 ) -> str:
     """The whole comparison.md: introduction, comparison table (one row per run group),
     contrasts, unfinished runs, the by-configuration table, notes, and the plots as image links."""
-    label = next((r.get("utility_label") for r in rows if r.get("utility_label")), "utility")
-    lines = introduction(name, settings or {}, label)
-    lines += comparison_table_lines(rows)
+    by_label = rows_by_utility(rows)
+    lines = introduction(name, settings or {}, next(iter(by_label)))
+    if len(by_label) == 1:
+        lines += comparison_table_lines(rows)
+    else:  # one table per headline metric: a masked-token accuracy and an entity F1 never share a column
+        lines += [f"The runs are scored by {len(by_label)} headline metrics, one table each; metrics of different tables are not comparable."]
+        for label, group in by_label.items():
+            lines += ["", f"### Runs scored by test {label}", ""]
+            if "masked" in label:
+                lines += ["Masked-token accuracy is over each run's own vocabulary and evaluation data: compare it only between runs "
+                          "that share both (chains.md puts them in blocks).", ""]
+            lines += comparison_table_lines(group)
     if contrasts:
         lines += ["", "## Contrasts", "", "Differences a − b between run groups, paired by seed (and canary), with 95% bootstrap intervals; "
                   "an interval that contains 0 does not show a difference. A contrast with a flagged run on either side "
@@ -642,7 +660,8 @@ def comparison_markdown(
     if plots:
         lines += ["", "## Plots", ""]
         for p in plots:
-            lines += [f"![{PLOT_FILES.get(p, p)}]({p})", ""]
+            title = PLOT_FILES.get(p) or (f"test utility against epsilon ({p.removeprefix('utility_vs_epsilon_').removesuffix('.png')})" if p.startswith("utility_vs_epsilon_") else p)
+            lines += [f"![{title}]({p})", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -765,10 +784,15 @@ def write_report(store: str | os.PathLike[str]) -> Path:
         drawn.append("epsilon_vs_parameters.png")
     elif not any(is_private(s) for s in contents.summaries.values()):
         notes.append("No differentially private run finished: epsilon_vs_parameters.png not drawn.")
-    points = utility_points(run_rows)
-    if points:
-        plots.plot_utility_vs_epsilon(points, out / "utility_vs_epsilon.png")
-        drawn.append("utility_vs_epsilon.png")
+    for stale in out.glob("utility_vs_epsilon_*.png"):
+        stale.unlink()
+    by_metric = rows_by_utility(run_rows)
+    for label, metric_rows in by_metric.items():  # one plot per headline metric
+        points = utility_points(metric_rows)
+        if points:
+            png = "utility_vs_epsilon.png" if len(by_metric) == 1 else f"utility_vs_epsilon_{metric_rows[0].get('utility_metric') or 'utility'}.png"
+            plots.plot_utility_vs_epsilon(points, out / png)
+            drawn.append(png)
     empirical = empirical_points(run_rows)
     if empirical:
         plots.plot_empirical_vs_theoretical(empirical, out / "empirical_vs_theoretical.png")

@@ -158,7 +158,7 @@ def test_shipped_dp_bert_experiment_expands_to_the_papers_table():
         assert set(by[f"nonprivate-s{seed}"].canaries.patterns) == {"HS", "HSH", "HHSHH"}
     tuned = [s for s in specs if s.config.task.kind == "bert-ner"]
     assert {s.config.task.options["pretrained"] for s in tuned} == {
-        f"run:{e}" for e in ("public", "nonprivate", "dp-eps1.0", "dp-eps8.0", "dp-extended-eps1.0", "dp-extended-eps8.0")}
+        f"run:{e}-s{seed}" for seed in (0, 1) for e in ("public", "nonprivate", "dp-eps1.0", "dp-eps8.0", "dp-extended-eps1.0", "dp-extended-eps8.0")}
     # every tagger is fine-tuned and scored alike: the same data, recipe and length limit
     assert {(s.config.data.source, s.config.data.eval_source, s.config.task.options["max_len"], s.config.training.learning_rate,
              s.config.training.steps) for s in tuned} == {(NCBI, "tests/data/ncbi-disease/test.tsv", 128, tuned[0].config.training.learning_rate,
@@ -340,3 +340,17 @@ def test_the_chain_table_groups_seeds_and_keeps_incomparable_mlm_accuracies_apar
     first, second = blocks.split("**")[2], blocks.split("**")[4]
     assert "| public | 2 | 17.5 [17.0–18.0] |" in first and "| dp |" not in first
     assert "| dp | 2 | 28.0 [27.0–29.0] |" in second and "| public |" not in second
+
+
+def test_the_comparison_report_never_puts_two_headline_metrics_in_one_column():
+    from fedpriv.report.tables import comparison_markdown, comparison_rows, group_rows
+
+    s = _seeded_chain()
+    for name, summary in s.items():
+        summary.update({"utility_metric": "f1", "utility_label": "entity F1", "utility": summary.get("eval_f1")} if summary["task"] == "bert-ner"
+                       else {"utility_metric": "accuracy", "utility_label": "masked-token accuracy", "utility": summary.get("eval_accuracy")})
+    rows = group_rows(comparison_rows([{"name": n, "kind": "central"} for n in s], s), {})
+    md = comparison_markdown("x", rows, [], list(s), [], [], [])
+    mlm, ner = md.split("### Runs scored by test masked-token accuracy")[1].split("### Runs scored by test entity F1")
+    assert "test masked-token accuracy (%)" in mlm and "| ner-" not in mlm and "compare it only between runs" in mlm
+    assert "test entity F1 (%)" in ner and "| dp |" not in ner and "| ner-dp | 2 |" in ner and "encoder only" in ner
