@@ -24,7 +24,8 @@ How sentences become users (``users=``, see :mod:`fedpriv.data.users`):
 * ``"sentences:N"``, ``"clients:N"``, ``"mapping:PATH"``: blocks, round-robin clients, or a file
   naming the user of each sentence (0-based, in file order).
 
-Errors name the file, the line and what was expected.
+Errors name the file, the line and what was expected. The file is read strictly as UTF-8 (a BOM at
+the start of a line is dropped; a NUL byte is an error).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from pathlib import Path
 
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.examples import TaggedExample
+from fedpriv.data.tabular import decode_line
 from fedpriv.data.users import fallback_blocks, parse_users, read_mapping, synthetic_ids
 from fedpriv.errors import DataFormatError, FedprivError, SourceError
 
@@ -80,12 +82,7 @@ class Layout:
 
 
 def _decode(path: Path, n: int, raw: bytes) -> str:
-    if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
-        raw = raw[3:]
-    try:
-        return raw.decode("utf-8").rstrip("\r\n")
-    except UnicodeDecodeError as e:
-        raise DataFormatError(path, n, f"not valid UTF-8 ({e.reason})") from None
+    return decode_line(path, n, raw).rstrip("\r\n")
 
 
 def _sample(path: Path) -> list[tuple[int, list[str]]]:

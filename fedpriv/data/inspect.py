@@ -55,7 +55,7 @@ def inspect_corpus(
             tokens += len(w)
             words.update(w)
             if corpus.kind == "tagged":
-                tags.update(t[2:] for t in ex.tags if t[0] in "BSU")  # entity starts
+                tags.update(t[2:] for t in ex.tags if t.startswith(("B-", "S-", "U-")))  # entity starts
         scanned_examples += len(exs)
         if progress is not None:
             progress(i + 1, scanned.num_users)

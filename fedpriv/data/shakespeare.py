@@ -20,8 +20,10 @@ from typing import Literal
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.examples import TextExample
 from fedpriv.data.tokenize import normalize, split_sentences
-from fedpriv.errors import DataFormatError
+from fedpriv.data.tabular import decoded_lines
+from fedpriv.errors import DataFormatError, EmptyCorpusError, SourceError
 
+_NEWLINE = re.compile(r"\r\n?")
 _SPEAKER = re.compile(r"^([A-Z][A-Za-z' .,&-]*[A-Za-z.]):\s*$")
 
 
@@ -30,14 +32,20 @@ def bundled_path() -> Path:
     return Path(str(resources.files("fedpriv") / "_bundled" / "tinyshakespeare.txt"))
 
 
+def _text_lines(path: str | os.PathLike[str], f) -> Iterator[str]:  # noqa: ANN001
+    """The file's lines, read strictly as UTF-8 (a BOM dropped; an error names the line); ``\\n``,
+    ``\\r\\n`` and a lone ``\\r`` end a line, as in Python's text mode."""
+    for _, line in decoded_lines(path, f):
+        yield from _NEWLINE.split(line.removesuffix("\n").removesuffix("\r"))
+
+
 def iter_turns(path: str | os.PathLike[str]) -> Iterator[tuple[str, str, int]]:
     """``(speaker, turn text, line number of the SPEAKER: line)`` for every turn, in file order."""
     speaker: str | None = None
     start = 0
     lines: list[str] = []
-    with open(path, encoding="utf-8") as f:
-        for n, raw in enumerate(f, start=1):
-            line = raw.rstrip("\n")
+    with open(path, "rb") as f:
+        for n, line in enumerate(_text_lines(path, f), start=1):
             if not line.strip():
                 if speaker is not None and lines:
                     yield speaker, "\n".join(lines), start
@@ -60,7 +68,9 @@ def load_shakespeare(
     """Shakespeare by speaker; ``path`` defaults to the bundled copy."""
     path = bundled_path() if path is None else Path(path)
     if unit not in ("sentence", "turn"):
-        raise ValueError(f"unit must be 'sentence' or 'turn', got {unit!r}")
+        raise SourceError(f"unit must be 'sentence' or 'turn', got {unit!r}")
+    if not path.is_file():
+        raise SourceError(f"{path}: no such file")
 
     def stream() -> Iterator[tuple[str, TextExample]]:
         for speaker, text, _ in iter_turns(path):
@@ -70,4 +80,7 @@ def load_shakespeare(
                 if norm:
                     yield speaker, TextExample(norm)
 
-    return FederatedCorpus.from_stream(stream(), "text", name=f"shakespeare:{unit}" if path == bundled_path() else f"{path.name}:{unit}")
+    try:
+        return FederatedCorpus.from_stream(stream(), "text", name=f"shakespeare:{unit}" if path == bundled_path() else f"{path.name}:{unit}")
+    except EmptyCorpusError:
+        raise EmptyCorpusError(f"{path}: no examples (no 'SPEAKER:' turn with text)") from None

@@ -18,6 +18,7 @@ runs in bounded memory when the examples are spilled to disk (``spill_to``; auto
 from __future__ import annotations
 
 import os
+import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime, timezone
@@ -77,23 +78,36 @@ def iter_posts(
         reader = _CountingReader(raw, progress)
         it = ET.iterparse(reader, events=("start", "end"))
         root = None
+        for event, elem in _xml_events(path, it):
+            if root is None:
+                root = elem
+                if elem.tag != "posts":
+                    raise DataFormatError(path, 1, f"root element is <{elem.tag}>, expected <posts>")
+                continue
+            if event != "end" or elem.tag != "row":
+                continue
+            stats["posts"] += 1
+            attrs = dict(elem.attrib)
+            elem.clear()
+            root.clear()  # drop references to finished rows: memory stays bounded
+            yield from _post_examples(path, attrs, post_types, skip, stats, drop)
+
+
+def _xml_events(path, it) -> Iterator:  # noqa: ANN001
+    """The parser's events; what it refuses becomes a DataFormatError naming the line."""
+    while True:
         try:
-            for event, elem in it:
-                if root is None:
-                    root = elem
-                    if elem.tag != "posts":
-                        raise DataFormatError(path, 1, f"root element is <{elem.tag}>, expected <posts>")
-                    continue
-                if event != "end" or elem.tag != "row":
-                    continue
-                stats["posts"] += 1
-                attrs = dict(elem.attrib)
-                elem.clear()
-                root.clear()  # drop references to finished rows: memory stays bounded
-                yield from _post_examples(path, attrs, post_types, skip, stats, drop)
+            item = next(it)
+        except StopIteration:
+            return
         except ET.ParseError as e:
             line, col = e.position
-            raise DataFormatError(path, line, f"malformed XML at column {col}: {e.msg if hasattr(e, 'msg') else e}") from None
+            reason = re.sub(r": line \d+, column \d+$", "", str(e))  # the position is said once, as file:line and column
+            raise DataFormatError(path, line, f"malformed XML at column {col}: {reason}") from None
+        except (LookupError, ValueError) as e:  # the XML declaration names an encoding Python's expat cannot read
+            reason = " ".join(str(e).split())
+            raise DataFormatError(path, 1, f"the encoding in the XML declaration cannot be read ({reason}); save the file as UTF-8") from None
+        yield item
 
 
 def _post_examples(path, attrs: dict, post_types, skip, stats, drop=frozenset()) -> Iterator[tuple[str, TextExample]]:  # noqa: ANN001

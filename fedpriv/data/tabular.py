@@ -12,7 +12,9 @@ Every row is one example of one user. Columns (names configurable):
 * ``timestamp_column`` (optional): epoch seconds (a number, or a numeric string in CSV), an
   ISO-8601 string (naive means UTC), or a Parquet timestamp/date; stored as epoch seconds UTC.
 
-Rows whose example is empty (text normalizing to nothing, or no tokens) are skipped. JSONL
+Rows whose example is empty (text normalizing to nothing, or no tokens) are skipped; an empty or
+blank token or tag in a list is an error, and so is a NUL character in any string. Text files are
+read strictly as UTF-8 (a BOM at the start of a line is dropped; a NUL byte is an error). JSONL
 blank lines are skipped; so are CSV records with no fields (blank lines). CSV and TSV use the
 :mod:`csv` module's standard quoting (as pandas writes them), strictly: bad quoting is an error.
 
@@ -64,6 +66,8 @@ def _check_unicode(s: str, what: str) -> str:
         s.encode("utf-8")
     except UnicodeEncodeError:
         raise RowError(f"{what} holds invalid Unicode (a lone surrogate)") from None
+    if "\x00" in s:  # a JSON "\u0000" escape, or a NUL in a Parquet string
+        raise RowError(f"{what} holds a NUL character")
     return s
 
 
@@ -179,6 +183,10 @@ class RowConverter:
         tags = self._str_list(row, self.tags_column)  # type: ignore[arg-type]
         if len(tokens) != len(tags):
             raise RowError(f"{len(tokens)} tokens but {len(tags)} tags")
+        for col, items in ((self.tokens_column, tokens), (self.tags_column, tags)):
+            blank = next((i for i, x in enumerate(items) if not x.strip()), None)
+            if blank is not None:
+                raise RowError(f"column {col!r}: item {blank + 1} is {'empty' if not items[blank] else 'only whitespace'} (tokens and tags must be non-empty)")
         if not tokens:
             self.skipped_empty += 1
             return None
@@ -195,15 +203,28 @@ def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
 # ---- readers: each yields (location, row mapping), raising DataFormatError for unreadable input ----
 
 
+def decode_line(path: str | os.PathLike[str], n: int, raw: bytes) -> str:
+    """Physical line ``n`` (1-based) of a text file, decoded strictly as UTF-8. A UTF-8 BOM that
+    starts a line is dropped (line 1 of files Windows tools write; any line of files joined with
+    ``cat``). Invalid UTF-8 and NUL bytes (a binary file, or UTF-16 text) are errors naming the line."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        text = raw.decode("utf-8", errors="strict")
+    except UnicodeDecodeError as e:
+        if n == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
+            raise DataFormatError(path, n, "not valid UTF-8: the file starts with a UTF-16 byte-order mark (save it as UTF-8)") from None
+        raise DataFormatError(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise DataFormatError(path, n, f"NUL byte at column {nul + 1}: a binary file, or UTF-16 text? (fedpriv reads UTF-8 text)")
+    return text
+
+
 def decoded_lines(path: Path, f: Iterable[bytes]) -> Iterator[tuple[int, str]]:
-    """``(1-based line number, text)`` for each physical line, decoded strictly as UTF-8 (BOM dropped)."""
+    """``(1-based line number, text)`` for each physical line (see :func:`decode_line`)."""
     for n, raw in enumerate(f, start=1):
-        if n == 1 and raw.startswith(b"\xef\xbb\xbf"):
-            raw = raw[3:]
-        try:
-            yield n, raw.decode("utf-8", errors="strict")
-        except UnicodeDecodeError as e:
-            raise DataFormatError(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+        yield n, decode_line(path, n, raw)
 
 
 def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]:
@@ -258,6 +279,24 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[
             raise DataFormatError(path, reader.line_num, f"malformed {'TSV' if delimiter == chr(9) else 'CSV'}: {e}") from None
 
 
+def _one_line(e: BaseException) -> str:
+    """A library's message on one line (pyarrow's hold line breaks)."""
+    return " ".join(str(e).split())
+
+
+def _parquet_values(path: Path, column, name: str, first_row: int) -> list:  # noqa: ANN001
+    """A record batch's column as Python values; a string that is not UTF-8 is named by its row."""
+    try:
+        return column.to_pylist()
+    except UnicodeDecodeError:
+        for i in range(len(column)):
+            try:
+                column[i].as_py()
+            except UnicodeDecodeError as e:
+                raise DataFormatError(path, f"row {first_row + i}", f"column {name!r} is not valid UTF-8 ({e.reason})") from None
+        raise DataFormatError(path, f"row {first_row}", f"column {name!r} is not valid UTF-8") from None
+
+
 def _parquet_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]:
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -266,14 +305,16 @@ def _parquet_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example
         pf = pq.ParquetFile(path)
         names = pf.schema_arrow.names
     except (pa.ArrowException, OSError) as e:
-        raise DataFormatError(path, None, f"not a readable Parquet file: {e}") from None
+        raise DataFormatError(path, None, f"not a readable Parquet file: {_one_line(e)}") from None
+    except UnicodeDecodeError as e:  # a column name in the footer that is not UTF-8
+        raise DataFormatError(path, None, f"not a readable Parquet file: a name in its schema is not valid UTF-8 ({e.reason})") from None
     missing = [c for c in conv.columns if c not in names]
     if missing:
         raise DataFormatError(path, "schema", f"missing column(s) {missing}; the file has {names}")
     n = 0
     try:
         for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=conv.columns):
-            cols = {c: batch.column(c).to_pylist() for c in conv.columns}
+            cols = {c: _parquet_values(path, batch.column(c), c, n + 1) for c in conv.columns}
             for i in range(batch.num_rows):
                 n += 1
                 try:
@@ -283,7 +324,7 @@ def _parquet_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example
                 if out is not None:
                     yield out
     except (pa.ArrowException, OSError) as e:
-        raise DataFormatError(path, f"after row {n}", f"cannot read the Parquet data: {e}") from None
+        raise DataFormatError(path, f"after row {n}", f"cannot read the Parquet data: {_one_line(e)}") from None
     finally:
         pf.close()
 

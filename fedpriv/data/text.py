@@ -11,7 +11,8 @@ become users (``users=``, see :mod:`fedpriv.data.users`):
 * ``"mapping:PATH"``: a file naming the user of each non-blank line (line i of the mapping for
   the i-th non-blank line).
 
-The file is read strictly as UTF-8 (a BOM is dropped); an invalid byte is an error naming the line.
+The file is read strictly as UTF-8 (a BOM at the start of a line is dropped); an invalid byte or a
+NUL byte (a binary or UTF-16 file) is an error naming the line.
 """
 
 from __future__ import annotations

@@ -272,7 +272,8 @@ class TffSqliteStore(UserStore):
     """One split of a TFF SQLite file; a client's rows are read and decoded only when asked.
 
     Users are the split's clients (from ``client_metadata`` when it lists the split, else from
-    ``examples``), in :func:`user_sort_key` order. Each row becomes a :class:`TextExample` whose text
+    ``examples``), in :func:`user_sort_key` order; a client whose rows differ in number from its
+    ``client_metadata`` count is an error when its examples are read. Each row becomes a :class:`TextExample` whose text
     is the ``field`` feature ("tokens" or "title") with whitespace collapsed to single spaces and
     whose timestamp is ``creation_date`` in epoch seconds (``None`` when absent or empty).
     """
@@ -295,6 +296,9 @@ class TffSqliteStore(UserStore):
         except sqlite3.DatabaseError as e:
             self._con.close()
             raise DataFormatError(self.path, None, f"not a readable SQLite file ({e})") from None
+        except UnicodeDecodeError as e:  # a TEXT value (a table name, a client id) that is not UTF-8
+            self._con.close()
+            raise DataFormatError(self.path, None, f"not a readable SQLite file (a text value is not valid UTF-8: {e.reason})") from None
         except BaseException:
             self._con.close()
             raise
@@ -321,6 +325,9 @@ class TffSqliteStore(UserStore):
             if self._has_meta
             else []
         )
+        bad = next(((c, n) for c, n in meta if isinstance(n, bool) or not isinstance(n, int) or n < 0), None)
+        if bad is not None:
+            raise DataFormatError(self.path, f"client_metadata, client {bad[0]}", f"num_examples {bad[1]!r} is not a count")
         if meta:
             self._meta_counts: dict[str, int] | None = {str(c): int(n) for c, n in meta}
             ids = list(self._meta_counts)
@@ -352,11 +359,14 @@ class TffSqliteStore(UserStore):
         if self._counts is None:
             got = self._meta_counts
             if got is None:
-                got = dict(
-                    self._con.execute(
-                        "SELECT client_id, COUNT(*) FROM examples WHERE split_name=? GROUP BY client_id", (self.split,)
+                try:
+                    got = dict(
+                        self._con.execute(
+                            "SELECT client_id, COUNT(*) FROM examples WHERE split_name=? GROUP BY client_id", (self.split,)
+                        )
                     )
-                )
+                except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+                    raise DataFormatError(self.path, "table examples", f"cannot count the rows ({e})") from None
             self._counts = np.array([got.get(u, 0) for u in self._ids], dtype=np.int64)
         return self._counts
 
@@ -370,6 +380,9 @@ class TffSqliteStore(UserStore):
             ).fetchall()
         except sqlite3.DatabaseError as e:
             raise DataFormatError(self.path, f"client {user_id}", f"cannot read rows ({e})") from None
+        listed = None if self._meta_counts is None else self._meta_counts.get(user_id)
+        if listed is not None and listed != len(rows):  # the counts were trusted: say when they lied
+            raise DataFormatError(self.path, f"client {user_id}", f"client_metadata gives {listed} examples but table 'examples' holds {len(rows)}")
         return [self._example(user_id, rowid, blob) for rowid, blob in rows]
 
     def _example(self, user_id: str, rowid: int, blob: object) -> TextExample:
@@ -387,9 +400,12 @@ class TffSqliteStore(UserStore):
             if kind != "bytes" or len(values) != 1:
                 raise DataFormatError(self.path, where, f"feature {name!r} is not a single bytes value")
             try:
-                return values[0].decode("utf-8")
+                value = values[0].decode("utf-8")
             except UnicodeDecodeError:
                 raise DataFormatError(self.path, where, f"feature {name!r} is not valid UTF-8") from None
+            if "\x00" in value:
+                raise DataFormatError(self.path, where, f"feature {name!r} holds a NUL byte")
+            return value
 
         text = " ".join(text_of(self.field, True).split())
         date = text_of("creation_date", False)
