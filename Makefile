@@ -54,7 +54,8 @@ clean:
 # from .venv), the venv's bin on PATH (flwr starts `flower-superlink` by name), Flower's state
 # (config.toml with the `local` connection, installed FABs, the background SuperLink's database
 # and log) under runs/flwr-home instead of ~/.flwr. The SuperLink keeps running after the run
-# (127.0.0.1:39091); `make flwr-stop` ends it.
+# (127.0.0.1:39091); `make flwr-stop` ends it. Through `fedpriv flwr-run`, which exits 2 when the
+# run ends finished:failed (`flwr run` itself exits 0 then).
 #   make flwr-run FLWR_CONFIG=experiments/dp-fedavg-shakespeare.toml
 FLWR_CONFIG ?= experiments/fedavg-shakespeare.toml
 FLWR_SUPERNODES ?= 4
@@ -64,7 +65,7 @@ FLWR_ENV = PATH="$(CURDIR)/$(VENV)/bin:$$PATH" FLWR_HOME="$(FLWR_HOME_DIR)" FLWR
 .PHONY: flwr-run flwr-stop deploy-local
 
 flwr-run: $(STAMP)
-	$(FLWR_ENV) $(VENV)/bin/flwr run . --stream --run-config "config='$(FLWR_CONFIG)'" \
+	$(FLWR_ENV) $(VENV)/bin/fedpriv flwr-run . --run-config "config='$(FLWR_CONFIG)'" \
 		--federation-config "num-supernodes=$(FLWR_SUPERNODES) client-resources-num-cpus=1"
 
 flwr-stop:

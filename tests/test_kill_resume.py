@@ -5,11 +5,13 @@ A kill is simulated in-process at the k-th write under the run's directory (``Pa
 ``Path.write_bytes``, ``os.replace``, a metrics append): the write is skipped, or left torn (half
 its bytes, no newline), and :class:`Killed` unwinds the trainer as a ``kill -9`` would leave the
 files (no cleanup runs that writes). The points are drawn with a seeded RNG from every write an
-uninterrupted run makes, and always include a torn checkpoint state, the replace that commits a
-checkpoint and a torn metrics line. The same command then runs again and must end with the
-uninterrupted run's parameters (bytewise), metrics (wall-clock columns aside), privacy ledger
-and, for the runner, summaries and audits. (tests/central/test_central.py kills a real process
-with SIGKILL.)
+uninterrupted run makes: uniform ones, and a torn checkpoint state, the replace that commits a
+checkpoint and a torn metrics line (the Flower engine, whose every run is a Flower simulation of
+tens of seconds: one of the two checkpoint writes and two uniform points). The same command then
+runs again and must end with the uninterrupted run's parameters (bytewise), metrics (wall-clock
+columns aside), privacy ledger and, for the runner, summaries and audits.
+(tests/central/test_central.py and test_a_killed_flower_cli_run_resumes_to_the_same_result below
+kill a real process with SIGKILL.)
 """
 
 from __future__ import annotations
@@ -18,12 +20,18 @@ import json
 import os
 import random
 import shutil
+import signal
+import subprocess
+import sys
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
+import psutil
 import pytest
 
 from fedpriv.config import load_config
+from fedpriv.engines.flower.deploy import read_metrics
 from fedpriv.errors import FedprivError
 from fedpriv.rundir import RunDir
 from fedpriv.runner.dispatch import train_run
@@ -143,10 +151,10 @@ def writes(root: Path, kill_at: int | None = None, torn: bool = False):
         Path.write_text, Path.write_bytes, os.replace, RunDir.append_metrics = real["write_text"], real["write_bytes"], real["replace"], real["append"]
 
 
-def kill_points(events: list[tuple[str, str]], seed: int, random_points: int) -> list[tuple[int, bool]]:
-    """(1-based event, torn) to kill at, after a first checkpoint: a torn checkpoint state, the
-    replace committing a checkpoint, a torn metrics line; and ``random_points`` uniform ones
-    (``random_points`` < 0: one checkpoint write only, torn or committing)."""
+def kill_points(events: list[tuple[str, str]], seed: int, random_points: int, fixed: str = "all") -> list[tuple[int, bool]]:
+    """(1-based event, torn) to kill at: after a first checkpoint, a torn checkpoint state, the
+    replace committing a checkpoint, a torn metrics line (``fixed="checkpoint"``: one checkpoint
+    write only, torn or committing); then ``random_points`` uniform ones over every write."""
     rng = random.Random(seed)
     commit = [i for i, (k, n) in enumerate(events, 1) if k == "replace" and n == "checkpoint.json"]
     after = commit[0]  # points after the first checkpoint: the resume starts from one, not from scratch
@@ -154,8 +162,8 @@ def kill_points(events: list[tuple[str, str]], seed: int, random_points: int) ->
     rows = [i for i, (k, _) in enumerate(events, 1) if k == "append" and i > after]
     commit = commit[1:]
     points = [(rng.choice(state), True), (rng.choice(commit), False), (rng.choice(rows), True)]
-    if random_points < 0:
-        return [rng.choice(points[:2])]
+    if fixed == "checkpoint":
+        points = [rng.choice(points[:2])]
     return points + [(rng.randint(1, len(events)), rng.random() < 0.5) for _ in range(random_points)]
 
 
@@ -172,11 +180,11 @@ def run_files(run: Path) -> dict:
     return out
 
 
-def killed_and_resumed(train, root: Path, reference: Path, seed: int, random_points: int) -> None:
+def killed_and_resumed(train, root: Path, reference: Path, seed: int, random_points: int, fixed: str = "all") -> None:
     """``train(dir)`` uninterrupted into ``reference``, then killed at each point and run again."""
     with writes(reference) as events:
         train(reference)
-    for i, (k, torn) in enumerate(kill_points(events, seed, random_points)):
+    for i, (k, torn) in enumerate(kill_points(events, seed, random_points, fixed)):
         run = root / f"killed-{i}"
         with writes(run, kill_at=k, torn=torn), pytest.raises((Killed, FedprivError)):
             train(run)
@@ -198,12 +206,59 @@ def test_dp_fedavg_vectorized_killed_anywhere_resumes_to_the_same_result(tmp_pat
     killed_and_resumed(lambda d: train_run(prepared, d, "federated", "vectorized"), tmp_path, tmp_path / "full", seed=2, random_points=2)
 
 
-def test_dp_fedavg_on_flower_killed_during_a_checkpoint_write_resumes_to_the_same_result(tmp_path):
-    """One kill (a Flower simulation takes tens of seconds here): a checkpoint write, drawn by the seed."""
+def test_dp_fedavg_on_flower_killed_anywhere_resumes_to_the_same_result(tmp_path):
+    """Three kills (a Flower simulation takes tens of seconds here): a checkpoint write (torn
+    state or the committing replace) and two uniform points over every write, drawn by the seed."""
     cfg_path = tmp_path / "f.toml"
     cfg_path.write_text(BASE + DP_FEDAVG.replace("rounds = 4", "rounds = 3"))
     prepared = prepare(load_config(cfg_path))
-    killed_and_resumed(lambda d: train_run(prepared, d, "federated", "flower"), tmp_path, tmp_path / "full", seed=3, random_points=-1)
+    killed_and_resumed(lambda d: train_run(prepared, d, "federated", "flower"), tmp_path, tmp_path / "full", seed=3, random_points=2, fixed="checkpoint")
+
+
+def test_a_killed_flower_cli_run_resumes_to_the_same_result(tmp_path):
+    """A real SIGKILL of `fedpriv train federated --engine flower` (its whole process group: the
+    ServerApp's process and the simulation's Ray processes) at a seeded moment after a checkpoint,
+    then the same command again: the uninterrupted run's parameters, metrics and ledger."""
+    cfg_path = tmp_path / "f.toml"
+    cfg_path.write_text(BASE + DP_FEDAVG)  # 4 rounds, a checkpoint every round
+    cmd = [sys.executable, "-m", "fedpriv.cli", "train", "federated", str(cfg_path), "--engine", "flower"]
+    full = subprocess.run([*cmd, "--out", str(tmp_path / "full")], capture_output=True, text=True, timeout=300)
+    assert full.returncode == 0, full.stderr[-3000:]
+    # Kill a seeded moment within about one round after round 1's or 2's checkpoint: two rounds
+    # (and their evaluation) are still to come then, so the kill lands before the run ends.
+    rounds = [r["round_seconds"] for r in read_metrics(tmp_path / "full") if r["split"] == "train" and r["round"] >= 3]
+    rng = random.Random(6)
+    after_round, delay = rng.randint(1, 2), rng.uniform(0.0, min(rounds))
+    run = tmp_path / "killed"
+    proc = subprocess.Popen([*cmd, "--out", str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        meta = run / "checkpoint.json"
+        while not (meta.exists() and json.loads(meta.read_text())["step"] >= after_round):
+            assert proc.poll() is None and time.monotonic() < deadline, "the run ended (or stalled) before its checkpoint"
+            time.sleep(0.02)
+        time.sleep(delay)
+        assert proc.poll() is None, "the run finished before the kill"
+        family = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGKILL)  # start_new_session: the group is the run and what it started
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    for p in family:  # a Ray process that left the group dies by its pid
+        try:
+            p.kill()
+            p.wait(timeout=10)
+        except psutil.Error:
+            pass
+    assert not (run / "params.msgpack").exists()
+    killed_at = json.loads((run / "checkpoint.json").read_text())["step"]
+    assert after_round <= killed_at < 4, (after_round, delay, killed_at)
+    again = subprocess.run([*cmd, "--out", str(run)], capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"resumed from the checkpoint at round {killed_at} of 4" in again.stderr, again.stderr[-3000:]
+    assert run_files(run) == run_files(tmp_path / "full"), (after_round, delay, killed_at)
 
 
 def test_the_runner_killed_anywhere_resumes_to_the_same_store(tmp_path):

@@ -312,6 +312,22 @@ def _run_names(store: Path) -> list[str]:
     return [r["name"] for r in read_store_record(store)["runs"]]
 
 
+@app.command("flwr-run")
+def flwr_run_cmd(
+    app_dir: str = typer.Argument(".", metavar="APP", help="The Flower App directory (this repository)."),
+    connection: Optional[str] = typer.Argument(None, help="SuperLink connection in $FLWR_HOME/config.toml (default: Flower's default, `local`)."),
+    run_config: list[str] = typer.Option([], "--run-config", "-c", help="Passed to `flwr run` (repeatable), e.g. \"config='experiments/x.toml' run-dir='runs/x'\"."),
+    federation_config: list[str] = typer.Option([], "--federation-config", help="Passed to `flwr run` (repeatable), e.g. \"num-supernodes=4 client-resources-num-cpus=1\"."),
+    federation: Optional[str] = typer.Option(None, "--federation", help="Passed to `flwr run`."),
+) -> None:
+    """`flwr run APP [CONNECTION] --stream`, then exit 2 unless the run ended finished:completed
+    (`flwr run` itself exits 0 for a failed run). Puts this environment's bin on PATH and turns
+    off Flower's runtime dependency installation."""
+    from fedpriv.engines.flower.flwr_cli import flwr_run
+
+    flwr_run(app_dir, connection, run_config, federation_config, federation)
+
+
 @app.command("report")
 def report_cmd(
     store: Path = typer.Argument(..., help="A run store written by fedpriv run."),

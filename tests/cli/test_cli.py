@@ -10,7 +10,7 @@ import pytest
 
 from fedpriv.cli import main
 
-SUBCOMMANDS = [[], ["data"], ["data", "inspect"], ["config"], ["config", "check"], ["demo"], ["privacy"], ["privacy", "epsilon"], ["privacy", "calibrate"], ["privacy", "batch-sweep"], ["vocab"], ["vocab", "build"], ["train"], ["train", "central"], ["train", "federated"], ["run"], ["report"], ["audit"], ["privatize"]]
+SUBCOMMANDS = [[], ["data"], ["data", "inspect"], ["config"], ["config", "check"], ["demo"], ["privacy"], ["privacy", "epsilon"], ["privacy", "calibrate"], ["privacy", "batch-sweep"], ["vocab"], ["vocab", "build"], ["train"], ["train", "central"], ["train", "federated"], ["run"], ["report"], ["audit"], ["privatize"], ["flwr-run"]]
 
 
 @pytest.mark.parametrize("args", SUBCOMMANDS, ids=lambda a: " ".join(a) or "root")

@@ -1,8 +1,9 @@
-"""``flwr run .`` from the repository root: a local simulation of the quick Shakespeare config.
+"""``flwr run .`` from the repository root: a local simulation of the quick Shakespeare config,
+and a run that loses every reply of a round (``flwr run`` exits 0 for it, ``fedpriv flwr-run`` 2).
 
 Runs the real CLI as a subprocess, offline (FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1),
 with a private FLWR_HOME and free ports for the local SuperLink that ``flwr run`` starts in the
-background, and kills that SuperLink (by its pid) afterwards. About 2 minutes on 2 cores.
+background, and kills that SuperLink (by its pid) afterwards. About 2 minutes each on 2 cores.
 """
 
 import json
@@ -11,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
@@ -34,10 +36,10 @@ def _local_superlinks(flwr_home: Path) -> list[psutil.Process]:
     return found
 
 
-@pytest.mark.skipif(not FLWR.exists(), reason="flwr CLI not installed next to this python")
-def test_flwr_run_quick_config(tmp_path):
-    home = tmp_path / "flwr-home"
-    run_dir = tmp_path / "run"
+@contextmanager
+def local_flower(home: Path):
+    """The environment of `flwr run` with a private FLWR_HOME and free ports; on exit, the local
+    SuperLink it started in the background (and its process group) is killed."""
     env = {
         **os.environ,
         "FLWR_HOME": str(home),
@@ -47,10 +49,8 @@ def test_flwr_run_quick_config(tmp_path):
         "FLWR_LOCAL_CONTROL_API_PORT": str(free_port()),
         "PATH": f"{FLWR.parent}{os.pathsep}{os.environ.get('PATH', '')}",  # flwr starts `flower-superlink` by name
     }
-    overrides = f"config='experiments/fedavg-shakespeare-quick.toml' run-dir={json.dumps(str(run_dir))}"
-    cmd = [str(FLWR), "run", ".", "--stream", "--run-config", overrides, "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"]
     try:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+        yield env
     finally:
         for p in _local_superlinks(home):
             try:
@@ -69,6 +69,16 @@ def test_flwr_run_quick_config(tmp_path):
                 except psutil.Error:
                     pass
             time.sleep(0.5)
+
+
+@pytest.mark.skipif(not FLWR.exists(), reason="flwr CLI not installed next to this python")
+def test_flwr_run_quick_config(tmp_path):
+    home = tmp_path / "flwr-home"
+    run_dir = tmp_path / "run"
+    overrides = f"config='experiments/fedavg-shakespeare-quick.toml' run-dir={json.dumps(str(run_dir))}"
+    cmd = [str(FLWR), "run", ".", "--stream", "--run-config", overrides, "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"]
+    with local_flower(home) as env:
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "Successfully started run" in out, out
@@ -80,4 +90,60 @@ def test_flwr_run_quick_config(tmp_path):
     assert [r["round"] for r in train] == [1, 2, 3], rows
     assert all(r["failed"] == 0 and r["clients"] == 6 for r in train), train
     assert any(r["split"] == "heldout" and r["round"] == 3 for r in rows), rows
+    assert not _local_superlinks(home)
+
+
+# Round 1 loses every reply: no ClientApp answers within 10 ms (each first prepares the data and
+# compiles the client update), which the ServerApp sees exactly as it sees every SuperNode vanish.
+LOSES_EVERY_REPLY = """\
+name = "loses-every-reply"
+seed = 0
+[data]
+source = "synthetic:users=30,examples=300"
+[vocab]
+size = 100
+seq_len = 8
+[task]
+kind = "nwp"
+model = "tiny"
+[federated]
+rounds = 2
+clients_per_round = 6
+local_batch_size = 4
+max_local_steps = 2
+[federated.flower]
+num_supernodes = 2
+round_timeout_s = 0.01
+"""
+LOST = "round 1: every one of the 6 client updates failed (no reply before federated.flower.round_timeout_s); resume the run once the SuperNodes are back"
+
+
+@pytest.mark.skipif(not FLWR.exists(), reason="flwr CLI not installed next to this python")
+def test_a_run_that_loses_every_supernode_exits_0_from_flwr_run_and_2_from_fedpriv_flwr_run(tmp_path):
+    """Flower 1.41's `flwr run --stream` exits 0 whatever the run ended with (flwr/cli/run/run.py,
+    flwr/cli/log.py); the run itself is finished:failed with the ServerApp's error. `fedpriv
+    flwr-run` (the same `flwr run`, then `flwr list --run-id`) exits 2 with one line naming it."""
+    config = tmp_path / "lost.toml"
+    config.write_text(LOSES_EVERY_REPLY)
+    home = tmp_path / "flwr-home"
+    overrides = f"config={json.dumps(str(config))} run-dir={json.dumps(str(tmp_path / 'run'))}"
+    federation = "num-supernodes=2 client-resources-num-cpus=1"
+    with local_flower(home) as env:
+        flwr = subprocess.run([str(FLWR), "run", ".", "--stream", "--run-config", overrides, "--federation-config", federation],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+        wrapped = subprocess.run([sys.executable, "-m", "fedpriv.cli", "flwr-run", ".", "--run-config", overrides, "--federation-config", federation],
+                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = flwr.stdout + flwr.stderr
+    # Flower's behaviour: the stream ends with the ServerApp's failure, the exit code is 0.
+    assert flwr.returncode == 0, out
+    assert "Successfully started run" in out, out
+    assert f"fedpriv: error: {LOST}\n" in out, out  # the ServerApp's one line, before Flower's traceback
+    # fedpriv flwr-run: the same stream on stdout, then one error line on stderr and exit code 2.
+    assert wrapped.returncode == 2, wrapped.stdout + wrapped.stderr
+    assert f"fedpriv: error: {LOST}\n" in wrapped.stdout, wrapped.stdout
+    errors = [line for line in wrapped.stderr.splitlines() if line.startswith("fedpriv:")]
+    run_id = wrapped.stdout.split("Successfully started run ")[1].split()[0]
+    assert errors == [f"fedpriv: error: Flower run {run_id} ended finished:failed: Simulation failed with exception: {LOST} "
+                      f"(the log above has the details; `flwr list --run-id {run_id}`)"], wrapped.stderr
+    assert "Traceback" not in wrapped.stderr, wrapped.stderr
     assert not _local_superlinks(home)

@@ -52,6 +52,11 @@ def _echo(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def _one_line(message: str) -> str:
+    """``message`` with its line breaks escaped (a path or a key may hold one)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
 def _run_config_value(context: Context, key: str, bound: str | None) -> str | None:
     if bound is not None:
         return bound
@@ -194,6 +199,18 @@ def make_server_app(
     @app.main()
     def main(grid: Grid, context: Context) -> None:
         setup_logs()
+        try:
+            result = _serve_run(grid, context)
+        except FedprivError as e:  # Flower logs it and goes on: the box carries it to the caller
+            if result_box is not None:
+                result_box.append(e)
+            else:  # `flwr run`: nobody above prints it; one line in the run's log before Flower's traceback
+                _echo(f"fedpriv: error: {_one_line(str(e))}")
+            raise  # the run ends finished:failed, with the message in its status details
+        if result_box is not None:
+            result_box.append(result)
+
+    def _serve_run(grid: Grid, context: Context) -> LoopResult:
         say = log or _echo
         if prepared is not None:
             exp, out = prepared, os.path.abspath(run_dir or os.path.join("runs", f"{prepared.config.name}-flower"))
@@ -204,13 +221,6 @@ def make_server_app(
             _echo(f"experiment {path}, run directory {out}")
             exp = prepare(cfg, say)
         stop = stop_after if stop_after is not None else (int(context.run_config["stop-after"]) if int(context.run_config.get("stop-after", 0) or 0) > 0 else None)
-        try:
-            result = serve(grid, exp, out, stop, say)
-        except FedprivError as e:  # Flower logs it and goes on: the box carries it to the caller
-            if result_box is not None:
-                result_box.append(e)
-            raise
-        if result_box is not None:
-            result_box.append(result)
+        return serve(grid, exp, out, stop, say)
 
     return app
