@@ -68,7 +68,8 @@ def test_custom_task_config_prepares_with_its_notes(plugin):
     assert type(p.task).__name__ == "UnigramTask" and p.canaries is not None
     longer = [len(e.words()) - 12 for e in p.train.records() if len(e.words()) > 12]
     cut = p.data["cut"]["training"]
-    assert cut == {"examples": p.train.num_examples, "cut": len(longer), "words": sum(longer)}
+    words_in = sum(len(e.words()) for e in p.train.records())
+    assert cut == {"examples": p.train.num_examples, "cut": len(longer), "words": sum(longer), "words_in": words_in, "pieces_in": None}
     line = f"note: vocab.seq_len = 12 words: {len(longer):,} of {p.train.num_examples:,} training examples"
     assert sum(m.startswith(line) for m in said) == 1
     assert line.removeprefix("note: ") in (DOCS / "custom_tasks.md").read_text().replace("\n", " "), "the page quotes this log line"

@@ -196,6 +196,9 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
         inherited = chain_privacy(run["name"], summaries)  # a run that starts from earlier runs carries their privacy
         if inherited is not None:
             epsilon, delta, privacy_unit, assumptions = inherited["epsilon"], inherited["delta"], inherited["unit"], inherited["assumptions"]
+            local = s.get("privatize")
+            if local:  # the training text was privatized on the client too
+                assumptions += f"; training text locally privatized: {local.get('guarantee', local.get('mechanism'))}"
         t = s.get("target") or {}
         rows.append({
             "run": run["name"],
