@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedpriv.report.intervals import interval
+
 NOT_USED, NOT_PRIVATE, NOT_COMPOSED = "not used", "not private", "not composed"
 #: The privacy unit of a run whose own training is not private but whose encoder is: its
 #: epsilon is the encoder's (vocabulary and pretraining stages), per example of the same data.
@@ -160,8 +162,10 @@ def chain_privacy(name: str, summaries: Mapping[str, Mapping[str, Any]]) -> dict
     else:
         earlier = compose(stages[:-1], data)
         if own.epsilon is None and earlier["status"] == "private":
+            each = "; ".join(f"{st.what} ({st.run}): {st.guarantee}" for st in stages[:-1]
+                             if st.epsilon is not None and source_key(st.source) == source_key(data))  # relation and sampling of each stage
             out = {"epsilon": earlier["epsilon"], "delta": earlier["delta"], "unit": ENCODER_UNIT,
-                   "assumptions": f"the encoder it starts from: {earlier['why']}; this run's own training ({own.what}, {own.run}) reads "
+                   "assumptions": f"the encoder it starts from: {earlier['why']} ({each}); this run's own training ({own.what}, {own.run}) reads "
                                   f"{dataset_label(data)} without DP, so its model is not private on {dataset_label(data)}"}
         else:
             out = {"epsilon": own.epsilon, "delta": own.delta, "unit": unit if own.epsilon is not None else None,
@@ -246,8 +250,6 @@ def _estimate(values: Sequence[Any], scale: float = 100.0, fmt: str = ".1f") -> 
         return "-"
     if len(vals) < len(values) or len(vals) == 1:
         return format(scale * sum(vals) / len(vals), fmt)
-    from fedpriv.report.intervals import interval
-
     est = interval([[v] for v in vals])
     return f"{format(scale * est.mean, fmt)} [{format(scale * est.low, fmt)}–{format(scale * est.high, fmt)}]"
 

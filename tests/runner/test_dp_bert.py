@@ -277,6 +277,7 @@ def test_a_run_carries_the_privacy_of_its_chain():
     tagger = chain_privacy("ner-ncbi", s)
     assert (tagger["epsilon"], tagger["delta"], tagger["unit"]) == (1.5, 2e-6, ENCODER_UNIT)
     assert "not private on ncbi-disease/train.tsv" in tagger["assumptions"]
+    assert "vocabulary (pub): g" in tagger["assumptions"] and "mlm (dp): dp-sgd" in tagger["assumptions"]  # each stage's relation and sampling
     # fine-tuned on other data: not private on it, and the encoder's guarantee on NCBI is stated
     other = chain_privacy("ner", s)
     assert other["epsilon"] is None and other["unit"] is None
