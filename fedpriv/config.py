@@ -114,6 +114,28 @@ class DataConfig(_Strict):
     users: Literal["natural", "iid"] = Field(
         "natural", description="natural: the source's users; iid: after planting, records shuffled and dealt to users with the same per-user counts (the IID control)"
     )
+    public_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0,
+        description="fraction of the remaining users moved to a public split (by a stable hash of their id, after the test and validation users): "
+        "never trained on privately, never given canaries; the vocabulary is learned from it, and data.train_on = 'public' trains on it (a public warm start)",
+    )
+    public_source: str | None = Field(None, min_length=1, description="a SOURCE of public data (instead of public_fraction): disjoint from the private users by construction")
+    public_options: dict[str, Any] = Field(default_factory=dict, description="loader options of public_source")
+    train_on: Literal["private", "public"] = Field(
+        "private", description="private: the training users; public: the public split (public_fraction or public_source), the non-private pretraining of a warm start"
+    )
+
+    @model_validator(mode="after")
+    def _public(self) -> "DataConfig":
+        if self.public_fraction > 0 and self.public_source is not None:
+            raise ValueError("give data.public_fraction or data.public_source, not both")
+        if self.train_on == "public" and self.public_fraction == 0 and self.public_source is None:
+            raise ValueError("data.train_on = 'public' needs a public split: set data.public_fraction or data.public_source")
+        return self
+
+    def has_public(self) -> bool:
+        """Whether the experiment has public data (``public_fraction`` or ``public_source``)."""
+        return self.public_fraction > 0 or self.public_source is not None
 
 
 class VocabConfig(_Strict):
@@ -475,6 +497,16 @@ class UtilityConfig(_Strict):
     split: Literal["validation"] = Field(VALIDATION, description="measured on the validation users (data.validation_fraction), never the test users")
 
 
+class InitConfig(_Strict):
+    """Where a run's parameters start (a warm start): ``from = "run:NAME"`` (a run of the same
+    experiment, e.g. central SGD on the public split) or a run directory. The run must have final
+    parameters of the same task, model and vocabulary; nothing else about it is used."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False, populate_by_name=True, serialize_by_alias=True)
+
+    from_: str = Field(..., alias="from", min_length=1, description="'run:NAME' (a run of this experiment) or a run directory with final parameters")
+
+
 class ExperimentConfig(_Strict):
     name: str = Field(..., min_length=1, description="names the default run directory or store: letters, digits and _.=+-")
     seed: int = Field(0, ge=0, lt=SEED_LIMIT)
@@ -488,6 +520,15 @@ class ExperimentConfig(_Strict):
     privatize: PrivatizeConfig | None = None
     audit: AuditConfig = Field(default_factory=AuditConfig)
     utility: UtilityConfig | None = None
+    init: InitConfig | None = None
+
+    @model_validator(mode="after")
+    def _public_runs(self) -> "ExperimentConfig":
+        if self.data.train_on == "public" and (self.privacy is not None or self.federated is not None):
+            raise ValueError("data.train_on = 'public' is the non-private pretraining on public data: a central run without [privacy] (and without [federated])")
+        if self.data.train_on == "public" and self.init is not None:
+            raise ValueError("data.train_on = 'public' with [init]: the public pretraining starts from fresh parameters")
+        return self
 
     @model_validator(mode="after")
     def _validation_users(self) -> "ExperimentConfig":

@@ -13,7 +13,7 @@ from fedpriv.central.sgd import CentralStepper, GradFn, SGDStepper, total_steps
 from fedpriv.config import TrainingConfig
 from fedpriv.errors import FedprivError
 from fedpriv.rundir import RunDir
-from fedpriv.tasks.base import Batch, Task
+from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.training.loop import LoopResult, Target, run_loop
 from fedpriv.training.optimizers import make_optimizer
 from fedpriv.training.prepared import Prepared
@@ -39,13 +39,15 @@ def train_central(
     extra_meta: dict[str, Any] | None = None,
     target: Target | None = None,
     snapshots: bool = False,
+    initial: Params | None = None,
 ) -> LoopResult:
     """Train ``task`` on pre-encoded ``train`` rows (users in corpus order, ``user_counts`` rows each).
 
     ``eval_sets``: name -> encoded rows, evaluated every ``cfg.eval_every`` steps and at the end.
     ``stepper``: how a step is made (default :class:`SGDStepper`, with ``grad_fn`` if given).
     ``stop_after``: stop with a checkpoint once this many steps are done in total (a kill).
-    ``target``: stop at a utility target; ``snapshots``: keep every evaluation's parameters.
+    ``target``: stop at a utility target; ``snapshots``: keep every evaluation's parameters;
+    ``initial``: the starting parameters (a warm start; default: the task's fresh ones of ``seed``).
     Resumes from the run directory's checkpoint when there is one."""
     num = len(train["mask"])
     if num == 0:
@@ -56,7 +58,7 @@ def train_central(
     if stepper is None:
         stepper = SGDStepper(task, train, user_counts, cfg, seed, training_optimizer(cfg, steps), steps, grad_fn)
     meta = {"training": cfg.model_dump(), "seed": seed, "task": task.name, "utility": list(task.utility), **(extra_meta or {})}
-    return run_loop(stepper, task, RunDir(run_dir), seed, meta, eval_sets, cfg.eval_batch_size, stop_after, log, target, snapshots)
+    return run_loop(stepper, task, RunDir(run_dir), seed, meta, eval_sets, cfg.eval_batch_size, stop_after, log, target, snapshots, initial)
 
 
 def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None) -> CentralStepper:
@@ -80,5 +82,5 @@ def train_prepared_central(prepared: Prepared, run_dir: str | os.PathLike[str], 
     return train_central(
         prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, run_dir,
         eval_sets=prepared.eval_arrays, stepper=stepper, stop_after=stop_after, log=log, extra_meta={"experiment": cfg.model_dump()},
-        target=prepared.target(), snapshots=cfg.audit.along,
+        target=prepared.target(), snapshots=cfg.audit.along, initial=prepared.initial_params(cfg.seed),
     )

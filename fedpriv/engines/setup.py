@@ -34,7 +34,7 @@ from fedpriv.strategies.aggregators import DeltaAccumulator
 from fedpriv.strategies.sampling import Participation
 from fedpriv.strategies.server import ServerCore
 from fedpriv.tasks.base import Params
-from fedpriv.training.loop import LoopResult, Stepper, eval_text, init_key, run_loop
+from fedpriv.training.loop import LoopResult, Stepper, eval_text, run_loop
 from fedpriv.training.prepared import Prepared
 
 
@@ -78,7 +78,7 @@ class FederatedSetup:
         return self.data.plan(user, round_, self.seed, f.local_epochs, f.local_batch_size, f.max_local_steps)
 
     def initial_params(self) -> Params:
-        return self.task.init_params(init_key(self.seed))
+        return self.prepared.initial_params(self.seed)
 
 
 class CanaryClients:
@@ -190,5 +190,5 @@ def train_federated(
     stepper = RoundStepper(setup, engine)
     return run_loop(
         stepper, setup.task, run, setup.seed, meta, setup.prepared.eval_arrays, setup.config.training.eval_batch_size, stop_after, log,
-        setup.prepared.target(), setup.config.audit.along,
+        setup.prepared.target(), setup.config.audit.along, setup.initial_params(),
     )

@@ -45,6 +45,7 @@ from fedpriv.report import plots
 from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown
 from fedpriv.report.intervals import Estimate, interval, paired_difference
 from fedpriv.report.measurements import write_measurements
+from fedpriv.report.warmstart import public_flag, public_notes, start_label
 from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir, read_store_record
 
 REPORT_DIR = "report"
@@ -171,6 +172,9 @@ def run_flag(summary: Mapping[str, Any]) -> str:
     flags = []
     if summary.get("degenerate"):
         flags.append(f"did not learn: {summary['degenerate']}")
+    public = public_flag(summary)
+    if public is not None:  # the public model alone must stay below the target
+        return "; ".join(flags + ([public] if public else []))
     t = summary.get("target")
     if t and not t.get("reached"):
         best = t.get("reached_value")
@@ -206,7 +210,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "seed": s.get("seed"),
             "canary_seed": s.get("canary_seed"),
             "training": s.get("kind", run.get("kind")),
-            "algorithm": s.get("algorithm"),
+            "algorithm": (s.get("algorithm") or "") + start_label(s) if s.get("algorithm") else s.get("algorithm"),
             "data": data_label(s),
             "batch": batch,
             "batch_unit": unit,
@@ -814,6 +818,7 @@ def write_report(store: str | os.PathLike[str]) -> Path:
         (out / "chains.md").write_text(chains, encoding="utf-8")
         notes.append("Runs start from earlier runs: chains.md has each pretrained encoder's stages, composed epsilon and fine-tuned F1.")
 
+    notes += public_notes(contents.summaries)
     for name, why in contents.failed.items():
         notes.append(f"Run {name} failed and is not compared: {why}.")
     if write_measurements(store, out) is not None:

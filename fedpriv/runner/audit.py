@@ -36,13 +36,13 @@ from fedpriv.memorization.task_sampling import LossScorer, audit_task_canary
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.rundir import AUDIT_JSON, AUDIT_MD, CANARIES, EMPIRICAL, EMPIRICAL_CANARIES, LEDGER, RunDir, along_audit
 from fedpriv.runner.prepare import prepare
-from fedpriv.training.loop import init_key
 from fedpriv.training.prepared import Prepared
 
 
 def auditable(cfg: ExperimentConfig) -> bool:
-    """Whether the run's task has a canary test: nwp, mlm and plug-in tasks."""
-    return cfg.canaries is not None and (cfg.task.kind in ("nwp", "mlm") or cfg.task.kind not in BUILTIN_TASKS)
+    """Whether the run's task has a canary test (nwp, mlm and plug-in tasks) and it trained on the
+    users that hold the canaries (a run on the public data, ``data.train_on = "public"``, has none)."""
+    return cfg.canaries is not None and cfg.data.train_on != "public" and (cfg.task.kind in ("nwp", "mlm") or cfg.task.kind not in BUILTIN_TASKS)
 
 
 def load_run(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> tuple[Prepared, Any, str]:
@@ -181,7 +181,7 @@ def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] 
     params, source = run.load_params(task.init_params(jax.random.key(0)))
     say(f"empirical audit of {run.path} ({source}): {canaries.count} {canaries.kind} canaries, {int(canaries.included.sum())} members")
     if canaries.kind == "client":
-        scores = direction_scores(canaries.seed, canaries.count, task.init_params(init_key(cfg.seed)), params)
+        scores = direction_scores(canaries.seed, canaries.count, prepared.initial_params(cfg.seed), params)
         score = "cosine of the final model delta with the canary client's direction"
     else:
         scores = canary_scores(task, params, canaries)

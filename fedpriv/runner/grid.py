@@ -79,12 +79,12 @@ MEASURE_KEY = "measure"
 SEEDS_KEY = "seeds"
 #: Top-level keys of an experiment file that are not part of a run's config.
 EXPERIMENT_KEYS = ("runs", MEASURE_KEY, SEEDS_KEY, "contrasts")
-RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "grid", "tune", "tune_fraction"}
+RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "init", "grid", "tune", "tune_fraction"}
 #: The share of a run's steps (or rounds) each learning-rate trial trains for, by default.
 TUNE_FRACTION = 0.25
 #: What a tune grid may vary: training settings, never the data (trials share the run's prepared data).
 TUNABLE = ("training.", "federated.", "privacy.")
-SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit")
+SECTIONS = ("data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "init")
 
 
 
@@ -100,12 +100,21 @@ def privatize_ref(config: ExperimentConfig) -> str | None:
     return p.embeddings[len(RUN_REF):] if p is not None and p.embeddings.startswith(RUN_REF) else None
 
 
+def init_ref(config: ExperimentConfig) -> str | None:
+    """NAME when ``init.from = "run:NAME"`` (a warm start from another run's final parameters)."""
+    i = config.init
+    return i.from_[len(RUN_REF):] if i is not None and i.from_.startswith(RUN_REF) else None
+
+
 def _all_refs(config: ExperimentConfig) -> dict[str, str]:
     """Every run reference of ``config``: dotted key -> run name."""
     refs = {f"task.options.{k}": v for k, v in run_refs(config).items()}
     emb = privatize_ref(config)
     if emb is not None:
         refs["privatize.embeddings"] = emb
+    start = init_ref(config)
+    if start is not None:
+        refs["init.from"] = start
     return refs
 
 
@@ -298,7 +307,7 @@ def _with_seed(merged: dict[str, Any], seed: int) -> dict[str, Any]:
     out["seed"] = seed
     if isinstance(out.get("canaries"), dict) and out["canaries"].get("seed") is None:
         out["canaries"]["seed"] = seed
-    for section, key in (("task", "options"), ("privatize", None)):
+    for section, key in (("task", "options"), ("privatize", None), ("init", None)):
         table = out.get(section)
         if not isinstance(table, dict):
             continue

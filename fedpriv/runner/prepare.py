@@ -43,6 +43,8 @@ from fedpriv.tasks.registry import build_task, check_task
 from fedpriv.training.prepared import Prepared
 
 ENCODE_CHUNK = 4096
+#: The public split's name (``data.public_fraction`` / ``public_source``; ``data.train_on = "public"``).
+PUBLIC = "public"
 
 
 @dataclass
@@ -112,7 +114,10 @@ def check_privatize(cfg: ExperimentConfig) -> None:
 def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> tuple[FederatedCorpus, dict[str, FederatedCorpus]]:
     """(training users, evaluation corpora by name) of ``cfg``: loaded, filtered, split; with a
     ``[privatize]`` section the training users' words privatized (``train.info["privatized"]``
-    holds the record)."""
+    holds the record). With public data (``data.public_fraction``: users moved out of the
+    training users by a stable hash, after the test and validation users; or
+    ``data.public_source``), the corpora hold it as ``PUBLIC`` (it is not evaluated: see
+    :func:`prepare`)."""
     check_privatize(cfg)
     d = cfg.data
     log(f"loading {d.source} ...")
@@ -134,6 +139,18 @@ def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> 
         corpus, evals["heldout"] = corpus.split_heldout_users(d.heldout_fraction, salt=f"{cfg.name}:{cfg.seed}")
     if d.validation_fraction > 0:
         corpus, evals[VALIDATION] = corpus.split_heldout_users(d.validation_fraction, salt=f"{cfg.name}:{cfg.seed}:validation")
+    if d.public_fraction > 0:
+        corpus, public = corpus.split_heldout_users(d.public_fraction, salt=f"{cfg.name}:{cfg.seed}:public")
+        corpus.info[PUBLIC] = {"users": public.num_users, "examples": public.num_examples, "fraction": d.public_fraction, "source": d.source}
+        evals[PUBLIC] = public
+    elif d.public_source is not None:
+        public = open_corpus(d.public_source, **d.public_options)
+        for note in public.notes:
+            log(f"note: data.public_source: {note}")
+        if public.kind != corpus.kind:
+            raise FedprivError(f"data.public_source holds {public.kind} examples but data.source holds {corpus.kind} ones")
+        corpus.info[PUBLIC] = {"users": public.num_users, "examples": public.num_examples, "source": d.public_source}
+        evals[PUBLIC] = public
     if cfg.privatize is not None:
         settings = cfg.privatize.model_copy(update={"seed": cfg.seed if cfg.privatize.seed is None else cfg.privatize.seed})
         loaded = corpus.info
@@ -148,18 +165,26 @@ def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[st
     say = log or (lambda _msg: None)
     check_task(cfg)
     train, evals = load_training_corpora(cfg, say)
+    public = evals.pop(PUBLIC, None)
     privatized = train.info.get("privatized")
     say(f"{train.num_users} training users, {train.num_examples} examples; building the {cfg.task.kind} task ...")
-    task = build_task(cfg, train)
+    if public is not None:  # the vocabulary is learned from the public data only: nothing of the private users leaks through it
+        say(f"public data: {public.num_users} users, {public.num_examples} examples (never trained on privately, no canaries); the vocabulary is learned from it")
+        task = build_task(cfg, public)
+        if cfg.data.train_on == PUBLIC:
+            public.info[PUBLIC] = {**train.info.get(PUBLIC, {}), "trained_on": True}
+            train = public
+    else:
+        task = build_task(cfg, train)
     manifest = None
-    if cfg.canaries is not None:
+    if cfg.canaries is not None and cfg.data.train_on != PUBLIC:
         canary_seed = cfg.seed if cfg.canaries.seed is None else cfg.canaries.seed
         train, manifest = plant_canaries(train, task, cfg.canaries, canary_seed, cfg.task.kind, say)
     if cfg.data.users == "iid":
         train = train.resharded_iid(cfg.seed)
         say(f"users resharded IID: {train.num_users} users keep their example counts, records shuffled")
     audit_canaries = None
-    kind = cfg.audit_canary_kind()
+    kind = cfg.audit_canary_kind() if cfg.data.train_on != PUBLIC else None
     if kind is not None:
         a = cfg.audit
         seed = cfg.seed if cfg.canaries is None or cfg.canaries.seed is None else cfg.canaries.seed

@@ -13,6 +13,7 @@ from fedpriv.tasks.base import degenerate
 from fedpriv.tasks.nwp import unigram_perplexity
 from fedpriv.training.loop import LoopResult
 from fedpriv.training.prepared import Prepared
+from fedpriv.training.warmstart import warm_start_record
 
 
 def run_summary(
@@ -41,9 +42,16 @@ def run_summary(
         out["eval_source"] = c.data.eval_source
     if starts_from:
         out["starts_from"] = dict(starts_from)
+    if c.init is not None:  # a warm start: the run it starts from, and whether that run saw only public data
+        out["init"] = warm_start_record(c.init.from_)
+    if c.data.train_on == "public":
+        out["trained_on"] = "public"
     data = run.data_record()
     if data is not None and data["notes"]:  # choices the data preparation made on its own
         out["data_notes"] = data["notes"]
+    public = ((data or {}).get("source") or {}).get("public")
+    if public:  # the experiment's public data (users, examples, where from)
+        out["public_data"] = public
     training = ((data or {}).get("cut") or {}).get("training") or {}
     if training.get("pieces_in") and training.get("words_in"):  # how finely the run's vocabulary splits its training words
         out["pieces_per_word"] = training["pieces_in"] / training["words_in"]
@@ -55,7 +63,7 @@ def run_summary(
         out["vocabulary"] = run.record(TOKENIZER, "tokenizer file").get("vocabulary")
     out["privacy_unit"] = privacy_unit(c, kind)
     if kind == "central":
-        out.update(algorithm="DP-SGD" if c.privacy else "SGD", order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
+        out.update(algorithm="DP-SGD" if c.privacy else ("SGD on public data" if c.data.train_on == "public" else "SGD"), order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
         if c.privacy:
             out.update(noise_multiplier_config=c.privacy.noise_multiplier, clip_norm=c.privacy.clip_norm, sampling=c.privacy.sampling)
             if c.privacy.unit == "user":

@@ -224,16 +224,18 @@ def run_loop(
     log: Callable[[str], None] | None = None,
     target: Target | None = None,
     snapshots: bool = False,
+    initial: Params | None = None,
 ) -> LoopResult:
     """Run (or resume) ``stepper`` to its ``total`` in ``run`` (see the module docstring).
-    ``config_meta`` goes to ``config.json``; ``eval_sets``: name -> encoded rows."""
+    ``config_meta`` goes to ``config.json``; ``eval_sets``: name -> encoded rows; ``initial``:
+    the starting parameters (a warm start) instead of ``task.init_params(init_key(seed))``."""
     if target is not None and target.split not in (eval_sets or {}):
         raise FedprivError(f"utility target on {target.split!r}, but the run evaluates only on {', '.join(eval_sets or {}) or 'nothing'}")
     run.create()
     failed = run.failure()
     if failed is not None:
         raise FedprivError(f"{run.path}: this run failed ({failed['reason']}); {RESTART_HINT}")
-    state = stepper.init_state(task.init_params(init_key(seed)))
+    state = stepper.init_state(initial if initial is not None else task.init_params(init_key(seed)))
     start, pending, kept_stop = 0, [], None
     resumed = run.load_checkpoint(state)
     if resumed is not None:

@@ -17,7 +17,9 @@ from fedpriv.memorization.canaries import Manifest
 from fedpriv.memorization.empirical import AuditCanaries
 from fedpriv.rundir import DATA, PRIVATIZE, RunDir
 from fedpriv.tasks.base import Batch, Task
-from fedpriv.training.loop import Target
+from fedpriv.tasks.base import Params
+from fedpriv.training.loop import Target, init_key
+from fedpriv.training.warmstart import load_warm_start
 
 
 @dataclass
@@ -49,6 +51,15 @@ class Prepared:
             RunDir(run_dir).write_json(PRIVATIZE, self.privatized, indent=1)
         if self.data is not None:
             RunDir(run_dir).write_json(DATA, self.data, indent=1)
+
+    def initial_params(self, seed: int) -> Params:
+        """Where training starts: the final parameters of the run ``[init] from`` names (checked:
+        same task, model and vocabulary; :mod:`fedpriv.training.warmstart`), else the task's
+        fresh parameters of ``seed`` (the same for central and federated runs of one seed)."""
+        init = self.config.init
+        if init is None:
+            return self.task.init_params(init_key(seed))
+        return load_warm_start(init.from_, self.task, self.config.task.kind, self.config.task.model)
 
     def target(self) -> Target | None:
         """The experiment's utility target (``[utility]``) on the task's headline metric, or None."""
