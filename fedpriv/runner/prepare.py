@@ -32,7 +32,7 @@ import numpy as np
 
 from fedpriv.config import VALIDATION, ExperimentConfig, load_config
 from fedpriv.data.corpus import FederatedCorpus
-from fedpriv.data.sources import open_corpus
+from fedpriv.data.sources import open_corpus, split_format
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.memorization.canaries import plant_canaries
 from fedpriv.memorization.empirical import draw_audit_canaries, plant_audit_canaries
@@ -116,7 +116,8 @@ def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> 
     check_privatize(cfg)
     d = cfg.data
     log(f"loading {d.source} ...")
-    corpus = open_corpus(d.source, format=d.format, **d.options)
+    fmt, options = split_format(d.format, d.options)
+    corpus = open_corpus(d.source, format=fmt, **options)
     for note in corpus.notes:
         log(f"note: {note}")
     if d.min_examples > 1:
