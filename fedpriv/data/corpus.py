@@ -28,6 +28,7 @@ from fedpriv.data.stores import (
     ReshardedStore,
     SqliteStore,
     SubsetStore,
+    TruncatedStore,
     UserStore,
 )
 from fedpriv.errors import EmptyCorpusError, FedprivError
@@ -178,7 +179,10 @@ class FederatedCorpus:
         """Each user's first ``max_examples`` examples (the TFF Stack Overflow cap on client data)."""
         if max_examples < 1:
             raise FedprivError(f"max_examples must be >= 1, got {max_examples}")
-        return self.map_users(lambda exs: exs[:max_examples], name=f"{self.name}[<= {max_examples} per user]")
+        store = TruncatedStore(self.store, max_examples, self.counts())
+        if not store.user_ids():
+            raise EmptyCorpusError(f"{self.name}[<= {max_examples} per user]: no user has any example left after filtering")
+        return FederatedCorpus(store, f"{self.name}[<= {max_examples} per user]", self.info)
 
     def resharded_iid(self, seed: int) -> "FederatedCorpus":
         """The IID control: shuffle all records and deal them out sequentially to synthetic users,
