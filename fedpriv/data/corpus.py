@@ -145,12 +145,13 @@ class FederatedCorpus:
 
     # ---- derived corpora ------------------------------------------------------------------
     def subset(self, user_ids: Sequence[str], name: str | None = None) -> "FederatedCorpus":
-        """The given users (in the given order)."""
+        """The given users (in the given order); their counts are taken from this corpus's (every
+        store counts without building examples), so a lazy store stays lazy."""
         index = {u: i for i, u in enumerate(self.user_ids)}
         missing = [u for u in user_ids if u not in index]
         if missing:
             raise FedprivError(f"{self.name}: unknown users {missing[:5]}")
-        counts = self.counts()[[index[u] for u in user_ids]] if self._counts is not None else None
+        counts = self.counts()[np.fromiter((index[u] for u in user_ids), dtype=np.int64, count=len(user_ids))]
         return FederatedCorpus(SubsetStore(self.store, user_ids, counts), name or self.name, self.info)
 
     def sample_users(self, k: int, seed: int) -> "FederatedCorpus":
