@@ -94,9 +94,10 @@ def data_inspect(
 ) -> None:
     """Print users, examples, tokens, per-user example counts and the most frequent words."""
     from fedpriv.data.inspect import inspect_corpus
-    from fedpriv.data.sources import open_corpus
+    from fedpriv.data.sources import open_corpus, split_format
 
-    corpus = open_corpus(source, format=format, **parse_options(option))
+    format, options = split_format(format, parse_options(option))
+    corpus = open_corpus(source, format=format, **options)
     stats = inspect_corpus(corpus, top_words=top, sample_users=sample_users, seed=seed)
     if as_json:
         print(json.dumps(stats, indent=2))

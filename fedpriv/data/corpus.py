@@ -28,6 +28,7 @@ from fedpriv.data.stores import (
     ReshardedStore,
     SqliteStore,
     SubsetStore,
+    TruncatedStore,
     UserStore,
 )
 from fedpriv.errors import EmptyCorpusError, FedprivError
@@ -144,12 +145,13 @@ class FederatedCorpus:
 
     # ---- derived corpora ------------------------------------------------------------------
     def subset(self, user_ids: Sequence[str], name: str | None = None) -> "FederatedCorpus":
-        """The given users (in the given order)."""
+        """The given users (in the given order); their counts are taken from this corpus's (every
+        store counts without building examples), so a lazy store stays lazy."""
         index = {u: i for i, u in enumerate(self.user_ids)}
         missing = [u for u in user_ids if u not in index]
         if missing:
             raise FedprivError(f"{self.name}: unknown users {missing[:5]}")
-        counts = self.counts()[[index[u] for u in user_ids]] if self._counts is not None else None
+        counts = self.counts()[np.fromiter((index[u] for u in user_ids), dtype=np.int64, count=len(user_ids))]
         return FederatedCorpus(SubsetStore(self.store, user_ids, counts), name or self.name, self.info)
 
     def sample_users(self, k: int, seed: int) -> "FederatedCorpus":
@@ -178,7 +180,10 @@ class FederatedCorpus:
         """Each user's first ``max_examples`` examples (the TFF Stack Overflow cap on client data)."""
         if max_examples < 1:
             raise FedprivError(f"max_examples must be >= 1, got {max_examples}")
-        return self.map_users(lambda exs: exs[:max_examples], name=f"{self.name}[<= {max_examples} per user]")
+        store = TruncatedStore(self.store, max_examples, self.counts())
+        if not store.user_ids():
+            raise EmptyCorpusError(f"{self.name}[<= {max_examples} per user]: no user has any example left after filtering")
+        return FederatedCorpus(store, f"{self.name}[<= {max_examples} per user]", self.info)
 
     def resharded_iid(self, seed: int) -> "FederatedCorpus":
         """The IID control: shuffle all records and deal them out sequentially to synthetic users,

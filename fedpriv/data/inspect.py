@@ -50,12 +50,15 @@ def inspect_corpus(
     tokens = 0
     scanned_examples = 0
     for i, (_, exs) in enumerate(scanned.users()):
-        for ex in exs:
+        if corpus.kind == "text":  # one split and one count per user: the same counts, far fewer calls
+            w = " ".join(ex.text for ex in exs).split()
+            tokens += len(w)
+            words.update(w)
+        for ex in exs if corpus.kind == "tagged" else ():
             w = ex.words()
             tokens += len(w)
             words.update(w)
-            if corpus.kind == "tagged":
-                tags.update(t[2:] for t in ex.tags if t.startswith(("B-", "S-", "U-")))  # entity starts
+            tags.update(t[2:] for t in ex.tags if t.startswith(("B-", "S-", "U-")))  # entity starts
         scanned_examples += len(exs)
         if progress is not None:
             progress(i + 1, scanned.num_users)

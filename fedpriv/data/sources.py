@@ -19,6 +19,8 @@ Specs:
                                   is a header naming ``user_id``
   ``*.txt`` ``*.text``            plain text, one example per line (``text``)
   a directory                     ``datasets.Dataset.save_to_disk`` output (``hf``)
+  ``*.jsonl.gz`` ``*.json.gz``    gzipped tables, decompressed as they stream
+  ``*.csv.gz`` ``*.tsv.gz``       (a ``.tsv.gz`` is always a table)
   ============================== ==============================================
 
 Loader options (``user_column=...``, ``users="sentences:10"``, ``split="train"``, ...) are passed
@@ -67,10 +69,23 @@ def _tsv_table(path: Path) -> bool:
     return "user_id" in first.split("\t")
 
 
+#: Formats read from a gzipped file, by the suffix before ``.gz``.
+_GZ_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+
+
 def guess_format(path: Path) -> str:
     """The format a path's name implies (see the module docstring)."""
     if path.is_dir():
         return "hf"
+    if path.suffix.lower() == ".gz":
+        inner = Path(path.stem).suffix.lower()
+        fmt = _GZ_SUFFIXES.get(inner)
+        if fmt is None:
+            raise SourceError(
+                f"{path}: gzip is read for JSON Lines, CSV and TSV tables ({', '.join('*' + s + '.gz' for s in _GZ_SUFFIXES)}); "
+                f"gunzip it first{'' if inner else ', or pass format= jsonl, csv or tsv'}"
+            )
+        return fmt
     fmt = _SUFFIXES.get(path.suffix.lower())
     if fmt is None:
         raise SourceError(f"{path}: cannot tell the format from the name; pass format= one of {', '.join(FORMATS)}")
@@ -119,6 +134,20 @@ def _check_options(fn: Callable[..., Any], options: dict[str, Any], what: str) -
     if unknown:
         allowed = [n for n in params if n not in ("path", "dataset_or_path", "spec_or_config", "format")]
         raise SourceError(f"{what}: unknown option(s) {', '.join(unknown)}; this source takes {', '.join(allowed) or 'none'}")
+
+
+def split_format(format: str | None, options: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:
+    """``(format, the other options)`` when the format may also come as an option (``-o format=jsonl``,
+    ``data.options.format``): a format given both ways must agree."""
+    if "format" not in options:
+        return format, options
+    rest = dict(options)
+    opt = rest.pop("format")
+    if not isinstance(opt, str):
+        raise SourceError(f"format must be a string such as 'jsonl', got {opt!r}")
+    if format is not None and format != opt:
+        raise SourceError(f"the format is given twice: {format!r} and the option format={opt!r}")
+    return opt, rest
 
 
 def open_corpus(spec: str, format: str | None = None, **options: Any) -> FederatedCorpus:

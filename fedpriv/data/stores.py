@@ -200,6 +200,32 @@ class MappedStore(UserStore):
         return self._counts
 
 
+class TruncatedStore(UserStore):
+    """Each user's first ``max_examples`` examples. The counts follow from the base's counts, so
+    unlike :class:`MappedStore` no pass over the examples is needed (a lazy store stays lazy)."""
+
+    def __init__(self, base: UserStore, max_examples: int, base_counts: np.ndarray):
+        self.kind = base.kind
+        self._base = base
+        self._max = max_examples
+        keep = np.asarray(base_counts, dtype=np.int64) > 0
+        ids = base.user_ids()
+        self._ids = tuple(ids) if keep.all() else tuple(u for u, k in zip(ids, keep) if k)
+        self._counts = np.minimum(np.asarray(base_counts, dtype=np.int64)[keep], max_examples)
+
+    def user_ids(self) -> Sequence[str]:
+        return self._ids
+
+    def examples(self, user_id: str) -> list[Example]:
+        out = self._base.examples(user_id)[: self._max]
+        if not out:
+            raise KeyError(user_id)
+        return out
+
+    def counts(self) -> np.ndarray:
+        return self._counts
+
+
 class ReshardedStore(UserStore):
     """The IID control: all records shuffled (by ``seed``) and dealt out sequentially to synthetic users.
 

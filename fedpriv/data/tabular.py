@@ -12,6 +12,16 @@ Every row is one example of one user. Columns (names configurable):
 * ``timestamp_column`` (optional): epoch seconds (a number, or a numeric string in CSV), an
   ISO-8601 string (naive means UTC), or a Parquet timestamp/date; stored as epoch seconds UTC.
 
+Gzip (``*.jsonl.gz``, ``*.csv.gz``, ``*.tsv.gz``; any JSONL/CSV/TSV file that starts with the gzip
+magic bytes) is decompressed as it streams; line numbers in errors are those of the decompressed
+text, and a corrupt or truncated gzip stream is an error naming the line where it broke.
+
+``unit="sentence"`` (text mode only; default ``"row"``, one example per row) makes every sentence
+of a row's text an example of the row's user, in order: hard line breaks joined, split by
+:func:`fedpriv.data.tokenize.prose_sentences` (``.``/``!``/``?`` before a capital or a digit, not
+after abbreviations such as ``e.g.``, ``et al.``, ``Fig. 3``), each sentence normalized; LaTeX is
+kept as text. What was done is said once in the corpus notes (rows and sentences counted).
+
 Rows whose example is empty (text normalizing to nothing, or no tokens) are skipped; an empty or
 blank token or tag in a list is an error, and so is a NUL character in any string. Text files are
 read strictly as UTF-8 (a BOM at the start of a line is dropped; a NUL byte is an error). JSONL
@@ -27,16 +37,19 @@ a quoted multi-line CSV record, its last line) or ``"row N"`` (Parquet, 1-based)
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import math
 import os
+import zlib
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from datetime import date, datetime, timezone
 from pathlib import Path
 
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.examples import Example, Kind, TaggedExample, TextExample
-from fedpriv.data.tokenize import normalize
+from fedpriv.data.tokenize import normalize, prose_sentences
 from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
 
 _FORMATS = {
@@ -50,6 +63,18 @@ _FORMATS = {
 }
 _FORMAT_NAMES = {"jsonl": "jsonl", "json": "jsonl", "ndjson": "jsonl", "csv": "csv", "tsv": "tsv", "parquet": "parquet"}
 _PARQUET_BATCH_ROWS = 4096
+#: What an example is: a row, or each sentence of a row's text (see the module docstring).
+UNITS = ("row", "sentence")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def format_suffix(path: Path) -> tuple[str, bool]:
+    """``(suffix that names the format, lowercased; whether the name ends in .gz)``:
+    ``a.jsonl.gz`` -> ``(".jsonl", True)``."""
+    suffix = path.suffix.lower()
+    if suffix == ".gz":
+        return Path(path.stem).suffix.lower(), True
+    return suffix, False
 
 
 class RowError(Exception):
@@ -117,9 +142,15 @@ class RowConverter:
         timestamp_column: str | None,
         normalize_text: bool,
         split_strings: bool = False,
+        unit: str = "row",
     ):
         if (tokens_column is None) != (tags_column is None):
             raise FedprivError("tagged mode needs both tokens_column and tags_column (or neither, for text mode)")
+        if unit not in UNITS:
+            raise SourceError(f"unit must be one of {', '.join(repr(u) for u in UNITS)}, got {unit!r}")
+        if unit == "sentence" and tokens_column is not None:
+            raise SourceError("unit='sentence' splits text; a tagged table (tokens_column, tags_column) keeps one example per row")
+        self.unit = unit
         self.user_column = user_column
         self.text_column = text_column
         self.tokens_column = tokens_column
@@ -134,6 +165,9 @@ class RowConverter:
         self.columns: list[str] = list(dict.fromkeys(cols))
         #: rows converted to no example (empty text or token list), counted for the corpus notes
         self.skipped_empty = 0
+        #: unit="sentence": rows split, and the sentences they gave (for the corpus notes)
+        self.split_rows = 0
+        self.sentences = 0
 
     @staticmethod
     def _get(row: Mapping, col: str) -> object:
@@ -165,14 +199,33 @@ class RowConverter:
         _check_unicode("".join(v), f"column {col!r}")
         return list(v)
 
+    def _text(self, row: Mapping) -> str:
+        text = self._get(row, self.text_column)
+        if not isinstance(text, str):
+            raise RowError(f"column {self.text_column!r} must be a string, got {_type_name(text)}")
+        return _check_unicode(text, f"column {self.text_column!r}")
+
+    def convert_all(self, row: Mapping) -> list[tuple[str, Example]]:
+        """The row's examples: one (or none) for ``unit="row"``, its sentences for ``unit="sentence"``."""
+        if self.unit == "row":
+            out = self.convert(row)
+            return [] if out is None else [out]
+        uid = self.user_id(self._get(row, self.user_column))
+        ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
+        clean = normalize if self.normalize_text else (lambda s: " ".join(s.split()))
+        texts = [t for t in map(clean, prose_sentences(self._text(row))) if t]
+        if not texts:
+            self.skipped_empty += 1
+            return []
+        self.split_rows += 1
+        self.sentences += len(texts)
+        return [(uid, TextExample(t, ts)) for t in texts]
+
     def convert(self, row: Mapping) -> tuple[str, Example] | None:
         uid = self.user_id(self._get(row, self.user_column))
         ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
         if self.kind == "text":
-            text = self._get(row, self.text_column)
-            if not isinstance(text, str):
-                raise RowError(f"column {self.text_column!r} must be a string, got {_type_name(text)}")
-            _check_unicode(text, f"column {self.text_column!r}")
+            text = self._text(row)
             if self.normalize_text:
                 text = normalize(text)
             if not text.strip():
@@ -198,6 +251,17 @@ def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
     if conv.skipped_empty:
         what = "text" if conv.kind == "text" else "token list"
         corpus.note(f"{conv.skipped_empty} rows of {corpus.name} have an empty {what} and were skipped", skipped_empty=conv.skipped_empty)
+
+
+def note_sentences(corpus: FederatedCorpus, conv: RowConverter) -> None:
+    """Say once that examples are sentences (``unit="sentence"``), and how many rows gave how many."""
+    if conv.unit == "sentence":
+        corpus.note(
+            f"examples are sentences (unit='sentence'): {conv.split_rows:,} rows of {corpus.name} split into {conv.sentences:,} "
+            "sentences at . ! ? before a capital or a digit (not after e.g., i.e., et al., Fig. 3, ...), "
+            "hard line breaks joined, LaTeX kept as text",
+            unit="sentence", split_rows=conv.split_rows, sentences=conv.sentences,
+        )
 
 
 # ---- readers: each yields (location, row mapping), raising DataFormatError for unreadable input ----
@@ -227,8 +291,36 @@ def decoded_lines(path: Path, f: Iterable[bytes]) -> Iterator[tuple[int, str]]:
         yield n, decode_line(path, n, raw)
 
 
+def _gunzipped(path: Path, f: gzip.GzipFile) -> Iterator[bytes]:
+    """The decompressed lines; a corrupt or truncated stream is an error naming the line it broke in."""
+    n = 0
+    while True:
+        try:
+            line = f.readline()
+        except (OSError, EOFError, zlib.error) as e:
+            raise DataFormatError(path, n + 1, f"the gzip data is corrupt or truncated ({_one_line(e)})") from None
+        if not line:
+            return
+        n += 1
+        yield line
+
+
+@contextmanager
+def open_lines(path: Path) -> Iterator[Iterable[bytes]]:
+    """The physical lines (bytes) of a text file, decompressed as they stream when the file starts
+    with the gzip magic bytes (whatever its name)."""
+    with open(path, "rb") as raw:
+        gz = raw.read(2) == _GZIP_MAGIC
+        raw.seek(0)
+        if not gz:
+            yield raw
+            return
+        with gzip.GzipFile(fileobj=raw, mode="rb") as f:
+            yield _gunzipped(path, f)
+
+
 def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]:
-    with open(path, "rb") as f:
+    with open_lines(path) as f:
         for n, line in decoded_lines(path, f):
             if not line.strip():
                 continue
@@ -242,15 +334,14 @@ def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]
             if not isinstance(obj, dict):
                 raise DataFormatError(path, n, f"expected a JSON object, got {_type_name(obj)}")
             try:
-                out = conv.convert(obj)
+                out = conv.convert_all(obj)
             except RowError as e:
                 raise DataFormatError(path, n, str(e)) from None
-            if out is not None:
-                yield out
+            yield from out
 
 
 def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[str, Example]]:
-    with open(path, "rb") as f:
+    with open_lines(path) as f:
         lines = (text for _, text in decoded_lines(path, f))
         reader = csv.reader(lines, delimiter=delimiter, strict=True)
         try:
@@ -270,11 +361,10 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[
                 if len(rec) != width:
                     raise DataFormatError(path, reader.line_num, f"{len(rec)} fields but the header has {width}")
                 try:
-                    out = conv.convert(dict(zip(header, rec)))
+                    out = conv.convert_all(dict(zip(header, rec)))
                 except RowError as e:
                     raise DataFormatError(path, reader.line_num, str(e)) from None
-                if out is not None:
-                    yield out
+                yield from out
         except csv.Error as e:
             raise DataFormatError(path, reader.line_num, f"malformed {'TSV' if delimiter == chr(9) else 'CSV'}: {e}") from None
 
@@ -318,11 +408,10 @@ def _parquet_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example
             for i in range(batch.num_rows):
                 n += 1
                 try:
-                    out = conv.convert({c: v[i] for c, v in cols.items()})
+                    out = conv.convert_all({c: v[i] for c, v in cols.items()})
                 except RowError as e:
                     raise DataFormatError(path, f"row {n}", str(e)) from None
-                if out is not None:
-                    yield out
+                yield from out
     except (pa.ArrowException, OSError) as e:
         raise DataFormatError(path, f"after row {n}", f"cannot read the Parquet data: {_one_line(e)}") from None
     finally:
@@ -331,9 +420,12 @@ def _parquet_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example
 
 def _resolve_format(path: Path, format: str | None) -> str:
     if format is None:
-        fmt = _FORMATS.get(path.suffix.lower())
+        suffix, gz = format_suffix(path)
+        fmt = _FORMATS.get(suffix)
         if fmt is None:
             raise SourceError(f"{path}: cannot tell the format from the suffix {path.suffix!r}; pass format= one of {sorted(_FORMAT_NAMES)}")
+        if gz and fmt == "parquet":
+            raise SourceError(f"{path}: a gzipped Parquet file is not read (Parquet compresses inside); gunzip it first")
         return fmt
     fmt = _FORMAT_NAMES.get(format.lower().lstrip("."))
     if fmt is None:
@@ -351,13 +443,16 @@ def load_table(
     tags_column: str | None = None,
     timestamp_column: str | None = None,
     normalize_text: bool = True,
+    unit: str = "row",
     spill_to: str | os.PathLike[str] | None = None,
 ) -> FederatedCorpus:
     """A corpus from a table with one example per row, grouped by ``user_column``.
 
     ``format`` is ``"jsonl"`` (alias ``"json"``), ``"csv"``, ``"tsv"`` or ``"parquet"``; by default
     inferred from the suffix. Tagged mode when ``tokens_column`` and ``tags_column`` are given,
-    text mode otherwise (see the module docstring for the column rules). With ``spill_to`` (a file
+    text mode otherwise (see the module docstring for the column rules). ``unit`` is ``"row"``
+    (one example per row) or ``"sentence"`` (each sentence of a row's text; see the module
+    docstring). Gzipped JSONL/CSV/TSV stream decompressed. With ``spill_to`` (a file
     path) examples go to an on-disk SQLite store as they stream; if loading fails, nothing is left
     at ``spill_to`` (an existing file there is kept as it was).
 
@@ -376,6 +471,7 @@ def load_table(
         timestamp_column=timestamp_column,
         normalize_text=normalize_text,
         split_strings=fmt in ("csv", "tsv"),
+        unit=unit,
     )
     if spill_to is not None:
         spill = Path(spill_to)
@@ -391,6 +487,7 @@ def load_table(
         stream = _csv_rows(path, conv, "\t" if fmt == "tsv" else ",")
     try:
         corpus = FederatedCorpus.from_stream(stream, conv.kind, name=path.name, spill_to=spill_to)
+        note_sentences(corpus, conv)
         note_skipped_rows(corpus, conv)
         return corpus
     except EmptyCorpusError as e:

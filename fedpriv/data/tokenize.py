@@ -1,6 +1,11 @@
 """Text normalization like the TFF Stack Overflow NWP data: lowercase, punctuation split into
 separate tokens, tokens joined by single spaces; plus sentence splitting and HTML stripping.
 
+Two sentence splitters: :func:`split_sentences` (any ``.``/``!``/``?`` before whitespace; the
+Shakespeare and Stack Exchange loaders, whose numbers stay as they were) and :func:`prose_sentences`
+(only before a capital or a digit, never after an abbreviation such as ``e.g.``, ``et al.`` or
+``Fig. 3``; scientific prose such as arXiv abstracts, the tables' ``unit="sentence"``).
+
 ``normalize("Don't panic, it's HTML!")`` -> ``"don't panic , it's html !"``
 """
 
@@ -34,6 +39,54 @@ def split_sentences(text: str) -> list[str]:
     for paragraph in re.split(r"\n\s*\n", text):
         flat = " ".join(paragraph.split())
         out.extend(s.strip() for s in _SENTENCE_END.split(flat) if s.strip())
+    return out
+
+
+# A candidate sentence end: . ! ? (repeated or not), closing quotes/brackets, whitespace, then a
+# letter or digit that is not an ASCII lowercase letter (possibly after an opening quote/bracket).
+_PROSE_END = re.compile(r"[.!?]+[\"')\]]*\s+(?=[\"'(\[{]?[^\W_a-z])")
+_OPENERS = "\"'([{"
+#: Words whose final period never ends a sentence (compared lowercased, without the final period).
+ABBREVIATIONS = frozenset(
+    "e.g i.e al vs cf viz approx resp ca dr mr mrs ms prof jr sr st inc ltd corp co dept univ u.s u.k w.r.t a.k.a".split()
+)
+#: Words whose final period does not end a sentence when a number follows (``Fig. 3``, ``Eq. 2``).
+NUMBER_ABBREVIATIONS = frozenset("fig figs eq eqs eqn sec secs sect tab ref refs no nos vol pp p ch chap thm lem def app alg".split())
+
+
+def _abbreviation_before(text: str, end: int, next_char: str) -> bool:
+    """Whether the period at ``text[end]`` closes an abbreviation (``e.g.``; ``Fig.`` before a number)."""
+    start = text.rfind(" ", 0, end) + 1
+    word = text[start:end].lstrip("\"'([{").lower()
+    return word in ABBREVIATIONS or (next_char.isdigit() and word in NUMBER_ABBREVIATIONS)
+
+
+def prose_sentences(text: str) -> list[str]:
+    """Sentences of prose, on one line each (hard line breaks joined, whitespace collapsed).
+
+    A sentence ends at ``.``, ``!`` or ``?`` (possibly repeated, possibly followed by closing
+    quotes or brackets) followed by whitespace and then a capital letter or a digit (possibly
+    after an opening quote or bracket). A period does not end a sentence after an abbreviation
+    (:data:`ABBREVIATIONS`: ``e.g.``, ``i.e.``, ``et al.``, ``vs.``, ...), after ``Fig.``, ``Eq.``,
+    ``Sec.``, ``No.``, ... before a number (:data:`NUMBER_ABBREVIATIONS`). A single letter is not
+    an abbreviation: in scientific prose it is mostly a variable that ends a sentence (``a graph
+    G. We show``), so a name's initials split (``J. Smith``). Decimals (``3.5``) and inner periods
+    (``arXiv.org``) have no whitespace after them, so they never split. LaTeX and everything else
+    is kept as written."""
+    flat = " ".join(text.split())
+    out: list[str] = []
+    start = 0
+    for m in _PROSE_END.finditer(flat):
+        s, e = m.span()
+        nxt = flat[e + 1] if flat[e] in _OPENERS else flat[e]
+        if not (nxt.isupper() or nxt.isdigit()):
+            continue
+        if flat[s] == "." and _abbreviation_before(flat, s, nxt):
+            continue
+        out.append(flat[start:e].rstrip())
+        start = e
+    if start < len(flat):
+        out.append(flat[start:])
     return out
 
 

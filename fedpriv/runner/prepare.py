@@ -24,15 +24,17 @@ examples the task cuts to its length limit (e.g. ``vocab.seq_len``), per split.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 
 import numpy as np
 
 from fedpriv.config import VALIDATION, ExperimentConfig, load_config
 from fedpriv.data.corpus import FederatedCorpus
-from fedpriv.data.sources import open_corpus
+from fedpriv.data.sources import open_corpus, split_format
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.memorization.canaries import plant_canaries
 from fedpriv.memorization.empirical import draw_audit_canaries, plant_audit_canaries
@@ -45,6 +47,9 @@ from fedpriv.training.prepared import Prepared
 ENCODE_CHUNK = 4096
 #: The public split's name (``data.public_fraction`` / ``public_source``; ``data.train_on = "public"``).
 PUBLIC = "public"
+#: Encoded arrays larger than this (bytes, all keys of a split) are memory-mapped from a temporary
+#: file (deleted at once; the mapping keeps it until the arrays are freed) instead of held in RAM.
+MEMMAP_BYTES = 2 << 30
 
 
 @dataclass
@@ -67,22 +72,56 @@ class Cuts:
             self.cut += 1
             self.words += words_cut
 
+    def add_many(self, words_cut: np.ndarray, words: np.ndarray, pieces: Sequence[int | None]) -> None:
+        """:meth:`add` for each example of a chunk (per-example arrays), summed with NumPy."""
+        self.examples += len(words_cut)
+        self.words_in += int(np.sum(words))
+        known = [p for p in pieces if p is not None]
+        if known:
+            self.pieces_in = (self.pieces_in or 0) + int(sum(known))
+        self.cut += int(np.count_nonzero(words_cut > 0))
+        self.words += int(np.sum(words_cut[words_cut > 0]))
+
+
+def _chunks(items: Iterable, size: int) -> Iterator[list]:
+    it = iter(items)
+    while chunk := list(islice(it, size)):
+        yield chunk
+
+
+def _rows_like(batch: Batch, n: int) -> Batch:
+    """Empty arrays of ``n`` rows shaped like ``batch``'s; memory-mapped above :data:`MEMMAP_BYTES`."""
+    nbytes = sum(n * v[:1].nbytes for v in batch.values())
+    if nbytes <= MEMMAP_BYTES:
+        return {k: np.empty((n, *v.shape[1:]), v.dtype) for k, v in batch.items()}
+    out = {}
+    with tempfile.TemporaryDirectory(prefix="fedpriv-encoded-") as d:
+        for k, v in batch.items():
+            out[k] = np.lib.format.open_memmap(os.path.join(d, f"{k}.npy"), mode="w+", dtype=v.dtype, shape=(n, *v.shape[1:]))
+    return out  # the files are unlinked; the mappings keep the data until the arrays are freed
+
 
 def encode_corpus(task: Task, corpus: FederatedCorpus, cuts: Cuts | None = None) -> Batch:
-    """All records of ``corpus`` (users in order) encoded by ``task``, in chunks; ``cuts`` (if
-    given) counts what the task's length limit drops (:meth:`~fedpriv.tasks.base.Task.words_cut`)."""
-    chunks: list[Batch] = []
-    buf = []
-    for ex in corpus.records():
+    """All records of ``corpus`` (users in order) encoded by ``task``, in chunks, into arrays
+    allocated once for the corpus's ``num_examples`` rows (memory-mapped when large); ``cuts`` (if
+    given) counts what the task's length limit drops (:meth:`~fedpriv.tasks.base.Task.encode_measured`)."""
+    total = corpus.num_examples
+    out: Batch | None = None
+    row = 0
+    for chunk in _chunks(corpus.records(), ENCODE_CHUNK):
+        batch, words_cut, words, pieces = task.encode_measured(chunk)
         if cuts is not None:
-            cuts.add(task.words_cut(ex), len(ex.words()), task.pieces(ex))
-        buf.append(ex)
-        if len(buf) == ENCODE_CHUNK:
-            chunks.append(task.encode(buf))
-            buf = []
-    if buf:
-        chunks.append(task.encode(buf))
-    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+            cuts.add_many(words_cut, words, pieces)
+        if out is None:
+            out = _rows_like(batch, total)
+        if row + len(chunk) > total:
+            raise FedprivError(f"{corpus.name}: more records than its {total} counted examples")
+        for k, v in batch.items():
+            out[k][row : row + len(chunk)] = v
+        row += len(chunk)
+    if out is None or row != total:
+        raise FedprivError(f"{corpus.name}: {row} records encoded but {total} counted")
+    return out
 
 
 def check_privatize(cfg: ExperimentConfig) -> None:
@@ -121,7 +160,8 @@ def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> 
     check_privatize(cfg)
     d = cfg.data
     log(f"loading {d.source} ...")
-    corpus = open_corpus(d.source, format=d.format, **d.options)
+    fmt, options = split_format(d.format, d.options)
+    corpus = open_corpus(d.source, format=fmt, **options)
     for note in corpus.notes:
         log(f"note: {note}")
     if d.min_examples > 1:

@@ -70,6 +70,15 @@ class Task(ABC):
         for a task that does not split words. The data record sums it per split (pieces per word)."""
         return None
 
+    def encode_measured(self, examples: Sequence[Example]) -> tuple[Batch, np.ndarray, np.ndarray, list[int | None]]:
+        """``(encode(examples), words cut, words, pieces)``: the batch, and per example what
+        :meth:`words_cut`, ``len(example.words())`` and :meth:`pieces` give (the counts a split's
+        data record sums). A task that can count while it encodes overrides it (NWP: one split of
+        each text); the default calls the per-example methods."""
+        cut = np.fromiter((self.words_cut(e) for e in examples), dtype=np.int64, count=len(examples))
+        words = np.fromiter((len(e.words()) for e in examples), dtype=np.int64, count=len(examples))
+        return self.encode(examples), cut, words, [self.pieces(e) for e in examples]
+
     @abstractmethod
     def init_params(self, rng: jax.Array) -> Params:
         """Fresh model parameters."""

@@ -49,8 +49,13 @@ class NWPTask(Task):
         return max(0, len(example.words()) - self.seq_len)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
-        ids = self.vocab.encode_batch([e.text for e in examples], self.seq_len)
-        return {"ids": ids, "mask": np.ones(len(ids), np.float32)}
+        return self.encode_measured(examples)[0]
+
+    def encode_measured(self, examples: Sequence[Example]) -> tuple[Batch, np.ndarray, np.ndarray, list[None]]:
+        """One split of each text gives the ids, the words and the words cut (vectorized)."""
+        ids, lengths = self.vocab.encode_words([e.text.split() for e in examples], self.seq_len)
+        batch = {"ids": ids, "mask": np.ones(len(ids), np.float32)}
+        return batch, np.maximum(lengths - self.seq_len, 0), lengths, [None] * len(examples)
 
     def logits(self, params: Params, ids: jax.Array) -> jax.Array:
         return apply_model(self.model, params, ids[:, :-1])

@@ -45,6 +45,20 @@ def test_inspect_conll_with_option(capsys, ncbi_train):
     assert stats["examples_per_user"]["max"] == 100
 
 
+def test_inspect_the_arxiv_slice_with_sentences(capsys):
+    """The documented command on the committed slice (the full file: 56,229 users, docs/data.md)."""
+    arxiv = Path(__file__).resolve().parents[1] / "data" / "arxiv-csai" / "abstracts.jsonl.gz"
+    opts = ["-o", "user_column=first_author", "-o", "text_column=abstract", "-o", "unit=sentence"]
+    assert main(["data", "inspect", str(arxiv), "--json", "--top", "3", *opts]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["users"] == 2198 and stats["load"]["split_rows"] == 3295 and stats["examples"] == stats["load"]["sentences"]
+    assert stats["notes"][0].startswith("examples are sentences (unit='sentence'): 3,295 rows")
+    assert main(["data", "inspect", str(arxiv), "--json", "-o", "format=jsonl", *opts]) == 0  # the format as an option
+    assert json.loads(capsys.readouterr().out)["users"] == 2198
+    assert main(["data", "inspect", str(arxiv), "--format", "csv", "-o", "format=jsonl", *opts]) == 2
+    assert "the format is given twice: 'csv' and the option format='jsonl'" in capsys.readouterr().err
+
+
 def test_human_output(capsys):
     assert main(["data", "inspect", "shakespeare", "--top", "2"]) == 0
     out = capsys.readouterr().out

@@ -134,6 +134,21 @@ def test_filters():
     assert [e.text for e in t.records()] == ["a b", "j k", "x"]
 
 
+def test_truncated_needs_no_pass_over_a_lazy_store_and_equals_map_users():
+    from fedpriv.data.synthetic import load_synthetic
+
+    c = load_synthetic("synthetic:users=300,examples=6000,seed=2")
+    t = c.truncated(7)
+    assert c.store.generated == 0  # the counts come from the base's counts
+    ref = c.map_users(lambda exs: exs[:7])
+    assert t.user_ids == ref.user_ids and t.counts().tolist() == ref.counts().tolist() == [min(n, 7) for n in c.counts()]
+    assert [e.text for e in t.records()] == [e.text for e in ref.records()]
+    train, held = load_synthetic("synthetic:users=300,examples=6000,seed=2").split_heldout_users(0.2)
+    assert train.store._base.generated == 0  # split and counted without building a user
+    assert train.counts().tolist() == [len(train.examples(u)) for u in train.user_ids]
+    assert held.num_examples + train.num_examples == 6000
+
+
 def test_sample_users_is_deterministic_and_without_replacement():
     c = load_shakespeare()
     a, b = c.sample_users(50, seed=3), c.sample_users(50, seed=3)
