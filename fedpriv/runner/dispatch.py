@@ -9,7 +9,6 @@ import sys
 from collections.abc import Callable
 
 from fedpriv.central.train import train_prepared_central
-from fedpriv.engines.flower.simulation import run_flower_simulation
 from fedpriv.engines.vectorized import run_vectorized
 from fedpriv.config import check_kind
 from fedpriv.errors import ConfigError
@@ -54,6 +53,8 @@ def train_run(
     engine = engine or prepared.config.federated.engine
     if engine not in ENGINES:
         raise ConfigError(f"unknown engine {engine!r}; choose one of {', '.join(ENGINES)}")
-    if engine == "flower":
+    if engine == "flower":  # imported here: Flower (and Ray) load only for runs on its engine
+        from fedpriv.engines.flower.simulation import run_flower_simulation
+
         return run_flower_simulation(prepared, prepare, run_dir, stop_after, log)
     return run_vectorized(prepared, run_dir, stop_after, log)
