@@ -80,11 +80,12 @@ class ShardedUpdate:
 
 class CohortUpdate:
     """The jitted update of a group of users of one experiment (split over the default backend's
-    devices when there are several; ``devices`` overrides which)."""
+    devices when there are several; ``devices`` overrides which, ``mode`` the config's
+    ``federated.vectorize``)."""
 
-    def __init__(self, setup: FederatedSetup, devices: list | None = None):
+    def __init__(self, setup: FederatedSetup, devices: list | None = None, mode: str | None = None):
         self.setup = setup
-        self.mode = vectorize_mode(setup.fcfg.vectorize)
+        self.mode = vectorize_mode(mode or setup.fcfg.vectorize)
         self.update = ShardedUpdate(make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp, self.mode, jit=False), devices)
 
     def deltas(self, params: Params, users: np.ndarray, round_: int, width: int) -> tuple[Params, np.ndarray, float, int]:

@@ -28,6 +28,7 @@ from fedpriv.clients.data import next_power_of_two
 from fedpriv.engines.cohort import CohortUpdate
 from fedpriv.engines.setup import FederatedSetup, client_loss_info, train_federated
 from fedpriv.training.loop import LoopResult
+from fedpriv.strategies.aggregators import DeltaAccumulator
 from fedpriv.tasks.base import Params
 from fedpriv.training.prepared import Prepared
 
@@ -110,16 +111,22 @@ class VectorizedEngine:
         if s.canary_clients is not None:  # audit canaries: their directions, then the real users
             cohort, canaries = s.canary_clients.split(cohort)
             s.canary_clients.add(acc, state["params"], canaries)
-        counts = s.data.counts
+        loss_sum, steps = self.add_cohort(acc, state["params"], cohort, round_)
+        state, info = s.core.finish_round(state, round_, acc)
+        return state, {**client_loss_info(loss_sum, steps, int(s.data.counts[cohort].sum())), **info}
+
+    def add_cohort(self, acc: DeltaAccumulator, params: Params, cohort: np.ndarray, round_: int) -> tuple[float, int]:
+        """Add the deltas of ``cohort`` (real users) to ``acc``, a chunk at a time.
+        Returns (sum of the users' local loss sums, real local steps)."""
+        counts = self.setup.data.counts
         loss_sum, steps = 0.0, 0
         for users, width in self.chunks(cohort):
-            deltas, mask, ls, st = self.cohort.deltas(state["params"], users, round_, width)
+            deltas, mask, ls, st = self.cohort.deltas(params, users, round_, width)
             examples = np.concatenate([counts[users], np.zeros(width - len(users), np.int64)])
             acc.add(deltas, examples, mask)
             loss_sum += ls
             steps += st
-        state, info = s.core.finish_round(state, round_, acc)
-        return state, {**client_loss_info(loss_sum, steps, int(counts[cohort].sum())), **info}
+        return loss_sum, steps
 
 
 def run_vectorized(
