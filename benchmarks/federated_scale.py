@@ -139,18 +139,24 @@ def reset_peak() -> bool:
 
 
 def warm_compile(setup, engine, params, m: int) -> None:
-    """Compile every bucket's program before timing: one round-0 pass over a cohort of ``m``
-    users that holds a user of every bucket (its deltas are thrown away)."""
+    """Compile every bucket's program before timing, at the widths a round of ``m`` users uses
+    (scan: the round's one width; vmap: every power of two up to the chunk), by running one user
+    of each bucket padded to that width (round 0; the deltas are thrown away)."""
     from fedpriv.clients.data import next_power_of_two
 
     f = setup.fcfg
     steps = setup.data.local_steps_of(np.arange(setup.data.num_users), f.local_epochs, f.local_batch_size, f.max_local_steps)
     buckets = np.array([next_power_of_two(int(x)) for x in np.maximum(steps, 1)])
-    firsts = np.array([int(np.flatnonzero(buckets == b)[0]) for b in np.unique(buckets)])
-    rest = np.setdiff1d(np.random.default_rng(1).choice(setup.data.num_users, size=min(m, setup.data.num_users), replace=False), firsts)
-    cohort = np.sort(np.concatenate([firsts, rest[: max(0, m - len(firsts))]]))  # scan: every bucket at the round's width
+    firsts = [int(np.flatnonzero(buckets == b)[0]) for b in np.unique(buckets)]
+    if engine.mode == "scan":
+        widths = [min(engine.chunk, m)]
+    else:
+        widths = [1 << i for i in range(engine.chunk.bit_length()) if 1 << i <= engine.chunk]
     acc = setup.core.accumulator(setup.core.init_state(params))
-    engine.add_cohort(acc, params, cohort, 0)
+    for u in firsts:
+        for w in widths:
+            deltas, mask, _, _ = engine.cohort.deltas(params, np.array([u]), 0, w)
+            acc.add(deltas, np.concatenate([setup.data.counts[[u]], np.zeros(w - 1, np.int64)]), mask)
 
 
 def one_population(args: argparse.Namespace, name: str) -> dict:
