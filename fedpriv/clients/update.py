@@ -81,16 +81,19 @@ def make_client_update(task: Task, learning_rate: float, dp: ClientDP | None = N
     return update
 
 
-def make_cohort_update(task: Task, learning_rate: float, dp: ClientDP | None = None, mode: str = "vmap") -> Callable:
+def make_cohort_update(task: Task, learning_rate: float, dp: ClientDP | None = None, mode: str = "vmap", jit: bool = True) -> Callable:
     """The updates of a chunk of clients in one jitted call: batches (K, S, B, ...), step_mask
     (K, S), keys (K,) -> (deltas stacked (K, ...), loss sums (K,)).
 
     ``vmap``: all K clients at once (every padded step and client computed and discarded: for
     accelerators). ``scan``: one client after another inside the compiled program, padded steps
-    and clients skipped (for CPUs, where batching gains nothing and padding costs in full)."""
+    and clients skipped (for CPUs, where batching gains nothing and padding costs in full).
+    ``jit=False``: the traceable function, for a caller that jits it itself (e.g. under
+    ``shard_map``)."""
     one = make_client_update(task, learning_rate, dp)
     if mode == "vmap":
-        return jax.jit(jax.vmap(one, in_axes=(None, 0, 0, 0)))
+        batched = jax.vmap(one, in_axes=(None, 0, 0, 0))
+        return jax.jit(batched) if jit else batched
     if mode != "scan":
         raise ValueError(f"mode must be 'vmap' or 'scan', got {mode!r}")
 
@@ -101,4 +104,4 @@ def make_cohort_update(task: Task, learning_rate: float, dp: ClientDP | None = N
 
         return jax.lax.scan(body, None, (batches, step_mask, keys))[1]
 
-    return jax.jit(run)
+    return jax.jit(run) if jit else run

@@ -8,13 +8,25 @@ users (weight 0), so a run compiles a handful of shapes. The update is
 skipped: CPUs) or ``vmap`` (all at once: accelerators); ``auto`` picks by backend. Every user's
 key is ``client_key(seed, round, user)``, so a user's delta does not depend on which group, or
 which engine, computed it.
+
+Devices: with several devices of JAX's default backend, a group of ``width`` users is split over
+a 1-D mesh of ``gcd(width, devices)`` of them (``jax.sharding``, axis ``clients``): each device
+runs the same update (scan or vmap) on its slice of the users, the parameters replicated. The
+deltas come back to the first device, where the strategy's accumulator adds them in user order,
+so the result equals the single-device one (each user's delta is computed by the same program).
+One device (a CPU, one GPU): no mesh, the update is the plain jitted call.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from fedpriv.clients.data import next_power_of_two
 from fedpriv.clients.update import CLIENT_STREAM, make_cohort_update
@@ -36,13 +48,45 @@ def vectorize_mode(setting: str) -> str:
     return "scan" if jax.default_backend() == "cpu" else "vmap"
 
 
-class CohortUpdate:
-    """The jitted update of a group of users of one experiment."""
+class ShardedUpdate:
+    """A cohort update (batches (K, S, B, ...), step_mask (K, S), keys (K,)) split over the
+    clients axis of 1-D device meshes: one compiled program per mesh size (see the module
+    docstring). ``devices``: the devices to use (default: all of the default backend)."""
 
-    def __init__(self, setup: FederatedSetup):
+    def __init__(self, update: Callable, devices: list | None = None):
+        self.update = update  # unjitted (K, ...) -> (deltas (K, ...), loss sums (K,))
+        self.devices = list(devices) if devices is not None else jax.devices()
+        self.single = jax.jit(update)
+        self.sharded: dict[int, tuple[Callable, NamedSharding, NamedSharding]] = {}
+
+    def mesh_size(self, width: int) -> int:
+        """Devices a group of ``width`` users is split over: the largest count that divides it."""
+        return math.gcd(width, len(self.devices))
+
+    def __call__(self, params, batches, step_mask, keys):
+        d = self.mesh_size(int(step_mask.shape[0]))
+        if d == 1:
+            return self.single(params, batches, step_mask, keys)
+        if d not in self.sharded:
+            mesh = Mesh(np.array(self.devices[:d]), ("clients",))
+            fn = jax.jit(jax.shard_map(self.update, mesh=mesh, in_specs=(P(), P("clients"), P("clients"), P("clients")), out_specs=(P("clients"), P("clients")), check_vma=False))
+            self.sharded[d] = (fn, NamedSharding(mesh, P()), NamedSharding(mesh, P("clients")))
+        fn, replicated, split = self.sharded[d]
+        params = jax.device_put(params, replicated)
+        batches, step_mask, keys = jax.device_put((batches, step_mask, keys), split)
+        deltas, loss_sums = fn(params, batches, step_mask, keys)
+        return jax.device_put((deltas, loss_sums), self.devices[0])
+
+
+class CohortUpdate:
+    """The jitted update of a group of users of one experiment (split over the default backend's
+    devices when there are several; ``devices`` overrides which, ``mode`` the config's
+    ``federated.vectorize``)."""
+
+    def __init__(self, setup: FederatedSetup, devices: list | None = None, mode: str | None = None):
         self.setup = setup
-        self.mode = vectorize_mode(setup.fcfg.vectorize)
-        self.update = make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp, self.mode)
+        self.mode = vectorize_mode(mode or setup.fcfg.vectorize)
+        self.update = ShardedUpdate(make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp, self.mode, jit=False), devices)
 
     def deltas(self, params: Params, users: np.ndarray, round_: int, width: int) -> tuple[Params, np.ndarray, float, int]:
         """Deltas of ``users`` (at most ``width``), padded to ``width`` users.
@@ -54,11 +98,7 @@ class CohortUpdate:
         plans = [s.plan(int(u), round_) for u in users]
         steps = next_power_of_two(max(len(p) for p in plans))
         pad = width - len(users)
-        parts = [s.data.batches(int(u), p, steps) for u, p in zip(users, plans)]
-        empty = s.data.batches(0, np.full((0, s.fcfg.local_batch_size), -1, np.int64), steps)
-        parts += [empty] * pad
-        batches = {k: np.stack([b[k] for b, _ in parts]) for k in parts[0][0]}
-        step_mask = np.stack([m for _, m in parts])
+        batches, step_mask = s.data.group_batches(users, plans, steps, width)
         keys = client_keys(s.seed, round_, np.concatenate([users, np.zeros(pad, np.int64)]))
         deltas, loss_sums = self.update(params, batches, step_mask, keys)
         mask = np.concatenate([np.ones(len(users), np.float32), np.zeros(pad, np.float32)])

@@ -32,7 +32,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax_privacy.auditing import CanaryScoreAuditor
 
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.examples import Example, TextExample
@@ -185,6 +184,8 @@ def empirical_bounds(scores: np.ndarray, included: np.ndarray, delta: float, sig
     scores, included = np.asarray(scores, np.float64), np.asarray(included, bool)
     if included.all() or not included.any():
         raise FedprivError("an empirical audit needs both members and non-members among the canaries")
+    from jax_privacy.auditing import CanaryScoreAuditor  # here: importing the module needs no jax-privacy (a GPU check runs without it)
+
     auditor = CanaryScoreAuditor(scores[included], scores[~included])
     return {
         "epsilon_lower_bound": float(auditor.epsilon_one_run(significance, delta)),

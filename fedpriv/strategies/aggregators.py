@@ -23,6 +23,7 @@ float32 scalar, or the :class:`~fedpriv.privacy.adaptive_clip.AdaptiveClipState`
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -35,14 +36,14 @@ from fedpriv.privacy.aggregate import clipped_sum, noise_and_normalize
 from fedpriv.tasks.base import Params
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=0)
 def _accumulate(total, deltas, weights, clip):
     """total + sum_i weights_i * clip_S(delta_i), added in order; weight 0 = padding. Also the
-    unclipped norms."""
+    unclipped norms. The running total's buffer is donated (updated in place)."""
     return clipped_sum(deltas, clip, weights, initial=total)
 
 
-@jax.jit
+@functools.partial(jax.jit, donate_argnums=0)
 def _add_trees(total, partial):
     return jax.tree_util.tree_map(lambda t, p: t + p.astype(t.dtype), total, partial)
 
