@@ -492,9 +492,21 @@ class UtilityConfig(_Strict):
     defaults to the task's headline utility (next-token accuracy without OOV and EOS, entity F1,
     masked-token accuracy), a fraction in [0, 1]."""
 
-    target: float = Field(..., gt=0.0, le=1.0, description="the utility every run trains to (a fraction)")
+    target: float | None = Field(None, gt=0.0, le=1.0, description="the utility every run trains to (a fraction); or give above")
+    above: str | None = Field(
+        None, min_length=1,
+        description="'run:NAME' (e.g. the public model of a warm start) or a run directory: the target is that run's final validation utility plus margin, "
+        "so a row reaches it only by learning beyond that run",
+    )
+    margin: float = Field(0.01, gt=0.0, le=1.0, description="with above: how far above that run's final validation utility the target sits (0.01 = 1 point)")
     metric: str | None = Field(None, min_length=1, description="the metric (default: the task's headline utility)")
     split: Literal["validation"] = Field(VALIDATION, description="measured on the validation users (data.validation_fraction), never the test users")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> "UtilityConfig":
+        if (self.target is None) == (self.above is None):
+            raise ValueError("[utility]: give target (a fraction) or above (a run whose final validation utility plus margin is the target), one of them")
+        return self
 
 
 class InitConfig(_Strict):

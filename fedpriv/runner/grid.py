@@ -115,6 +115,9 @@ def _all_refs(config: ExperimentConfig) -> dict[str, str]:
     start = init_ref(config)
     if start is not None:
         refs["init.from"] = start
+    u = config.utility
+    if u is not None and u.above is not None and u.above.startswith(RUN_REF) and config.data.train_on != "public":
+        refs["utility.above"] = u.above[len(RUN_REF):]  # the public model itself is the reference, not a row trained to it
     return refs
 
 
@@ -307,7 +310,7 @@ def _with_seed(merged: dict[str, Any], seed: int) -> dict[str, Any]:
     out["seed"] = seed
     if isinstance(out.get("canaries"), dict) and out["canaries"].get("seed") is None:
         out["canaries"]["seed"] = seed
-    for section, key in (("task", "options"), ("privatize", None), ("init", None)):
+    for section, key in (("task", "options"), ("privatize", None), ("init", None), ("utility", None)):
         table = out.get(section)
         if not isinstance(table, dict):
             continue

@@ -23,6 +23,8 @@ examples the task cuts to its length limit (e.g. ``vocab.seq_len``), per split.
 
 from __future__ import annotations
 
+import copy
+import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -150,6 +152,23 @@ def check_privatize(cfg: ExperimentConfig) -> None:
         )
 
 
+#: The last corpus a process loaded, by (source, format, options, the file's size and mtime): the
+#: runs of one experiment with different data keys (seeds, the public run, audit canaries) load a
+#: large source once. Only the read-only store is shared: each caller gets its own info.
+_LOADED: dict[str, FederatedCorpus] = {}
+
+
+def _open_cached(source: str, fmt: str | None, options: dict) -> FederatedCorpus:
+    path = Path(source)
+    stamp = (path.stat().st_size, path.stat().st_mtime_ns) if path.is_file() else None
+    key = json.dumps([source, fmt, options, stamp], sort_keys=True, default=str)
+    if key not in _LOADED:
+        _LOADED.clear()
+        _LOADED[key] = open_corpus(source, format=fmt, **options)
+    c = _LOADED[key]
+    return FederatedCorpus(c.store, c.name, copy.deepcopy(c.info))
+
+
 def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> tuple[FederatedCorpus, dict[str, FederatedCorpus]]:
     """(training users, evaluation corpora by name) of ``cfg``: loaded, filtered, split; with a
     ``[privatize]`` section the training users' words privatized (``train.info["privatized"]``
@@ -161,7 +180,7 @@ def load_training_corpora(cfg: ExperimentConfig, log: Callable[[str], None]) -> 
     d = cfg.data
     log(f"loading {d.source} ...")
     fmt, options = split_format(d.format, d.options)
-    corpus = open_corpus(d.source, format=fmt, **options)
+    corpus = _open_cached(d.source, fmt, options)
     for note in corpus.notes:
         log(f"note: {note}")
     if d.min_examples > 1:

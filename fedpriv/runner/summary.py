@@ -13,7 +13,7 @@ from fedpriv.tasks.base import degenerate
 from fedpriv.tasks.nwp import unigram_perplexity
 from fedpriv.training.loop import LoopResult
 from fedpriv.training.prepared import Prepared
-from fedpriv.training.warmstart import warm_start_record
+from fedpriv.training.warmstart import utility_target, warm_start_record
 
 
 def run_summary(
@@ -91,8 +91,11 @@ def run_summary(
     validation = [r for r in evals if r["split"] == VALIDATION]
     if validation:
         out.update({f"validation_{k}": v for k, v in validation[-1].items() if k not in ("split", "step", "round", "epoch")})
-    if c.utility is not None:
-        out["target"] = target_record(c.utility.metric or metric, c.utility.target, validation, kind)
+    target = utility_target(c.utility, c.utility.metric or metric, c.data.train_on) if c.utility is not None else None
+    if target is not None:
+        out["target"] = target_record(c.utility.metric or metric, target, validation, kind)
+        if c.utility.above is not None:
+            out["target"]["above"] = {"run": RunDir(c.utility.above).path.name, "margin": c.utility.margin}
     audit = run.audit_summary()
     if audit is not None:
         out["audit"] = audit

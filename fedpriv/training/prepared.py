@@ -19,7 +19,7 @@ from fedpriv.rundir import DATA, PRIVATIZE, RunDir
 from fedpriv.tasks.base import Batch, Task
 from fedpriv.tasks.base import Params
 from fedpriv.training.loop import Target, init_key
-from fedpriv.training.warmstart import load_warm_start
+from fedpriv.training.warmstart import load_warm_start, utility_target
 
 
 @dataclass
@@ -66,7 +66,9 @@ class Prepared:
         u = self.config.utility
         if u is None:
             return None
-        return Target(u.split, u.metric or self.task.utility[0], u.target)
+        metric = u.metric or self.task.utility[0]
+        value = utility_target(u, metric, self.config.data.train_on)
+        return None if value is None else Target(u.split, metric, value)
 
     def summary(self) -> dict[str, Any]:
         """The data's facts: experiment, task, source, users and examples per split, vocabulary."""

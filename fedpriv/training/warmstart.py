@@ -63,6 +63,26 @@ def load_warm_start(where: str | os.PathLike[str], task: Task, kind: str, model:
     return params
 
 
+def utility_target(utility: Any, metric: str, train_on: str = "private") -> float | None:
+    """The value of a ``[utility]`` target: ``target``, or the final validation ``metric`` of the
+    run ``above`` names plus ``margin`` (None for a run on the public data: the public model is the
+    reference, not a row trained to the target). ConfigError when that run has no validation
+    evaluation of ``metric``."""
+    if utility is None:
+        return None
+    if utility.target is not None:
+        return utility.target
+    if train_on == "public":
+        return None
+    run = RunDir(utility.above)
+    if not run.path.is_dir():
+        raise ConfigError(f"utility.above: {utility.above}: no such run directory (a 'run:NAME' must name an earlier run of the experiment)")
+    rows = [r for r in run.metrics() if r.get("split") == utility.split and r.get(metric) is not None]
+    if not rows:
+        raise ConfigError(f"utility.above: {run.path} has no {utility.split} evaluation of {metric}; finish it first")
+    return float(rows[-1][metric]) + utility.margin
+
+
 def warm_start_record(where: str | os.PathLike[str]) -> dict[str, Any]:
     """What a run's summary records of its warm start: the run, whether it saw only public data."""
     run = RunDir(where)
