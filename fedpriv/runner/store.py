@@ -178,7 +178,7 @@ def run_experiment(
                 return store, summaries, False
         if auditable(spec.config):
             in_run(where, audit_run, run.path, None, prefixed, prepared)
-        if spec.config.audit.empirical and not run.has(EMPIRICAL):
+        if spec.config.audit.empirical and spec.config.data.train_on != "public" and not run.has(EMPIRICAL):  # the public model holds no audit canaries
             in_run(where, empirical_audit, run.path, prefixed, prepared)
         summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
         if tuned is not None:
