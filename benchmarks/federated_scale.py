@@ -141,7 +141,9 @@ def reset_peak() -> bool:
 def warm_compile(setup, engine, params, m: int) -> None:
     """Compile every bucket's program before timing, at the widths a round of ``m`` users uses
     (scan: the round's one width; vmap: every power of two up to the chunk), by running one user
-    of each bucket padded to that width (round 0; the deltas are thrown away)."""
+    of each bucket padded to that width, and the server's step (round 0; thrown away)."""
+    import jax
+
     from fedpriv.clients.data import next_power_of_two
 
     f = setup.fcfg
@@ -152,11 +154,13 @@ def warm_compile(setup, engine, params, m: int) -> None:
         widths = [min(engine.chunk, m)]
     else:
         widths = [1 << i for i in range(engine.chunk.bit_length()) if 1 << i <= engine.chunk]
-    acc = setup.core.accumulator(setup.core.init_state(params))
+    state = setup.core.init_state(params)
+    acc = setup.core.accumulator(state)
     for u in firsts:
         for w in widths:
             deltas, mask, _, _ = engine.cohort.deltas(params, np.array([u]), 0, w)
             acc.add(deltas, np.concatenate([setup.data.counts[[u]], np.zeros(w - 1, np.int64)]), mask)
+    jax.block_until_ready(setup.core.finish_round(state, 0, acc))  # the server's aggregation and optimizer
 
 
 def one_population(args: argparse.Namespace, name: str) -> dict:
