@@ -1,6 +1,7 @@
 """DP-SGD step time against the non-private step, for the vmap reference and for fast clipping.
 
-    .venv/bin/python benchmarks/dpsgd_step.py [--model nwp|ner|ner-crf|bert|all] [--batch 64] [--repeats 20] [--json]
+    .venv/bin/python benchmarks/dpsgd_step.py [--model nwp|ner|ner-crf|bert|all] [--batch 64] [--repeats 20]
+        [--nwp-model stackoverflow|small|tiny] [--json]
 
 One step = gradient (non-private: of the mean loss; DP: per-example clipped sum + Gaussian noise
 / B) + an Adam update, each jitted as one function. The three variants are timed round-robin in
@@ -34,7 +35,7 @@ from fedpriv.privacy.aggregate import noise_and_normalize  # noqa: E402
 from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast  # noqa: E402
 
 
-def nwp_setup(batch: int):
+def nwp_setup(batch: int, model: str = "stackoverflow"):
     from fedpriv.data.synthetic import load_synthetic
     from fedpriv.tasks.nwp import NWPTask
     from fedpriv.vocab.word import WordVocab
@@ -43,8 +44,9 @@ def nwp_setup(batch: int):
     texts = [e.text for _, exs in zip(range(60), corpus.users()) for e in exs[1]][: batch * 4]
     vocab = WordVocab.build(texts, 10_000)
     vocab = WordVocab(list(vocab.words) + [f"pad{i}" for i in range(10_000 - len(vocab.words))])
-    task = NWPTask(vocab, 20, "stackoverflow")
-    return task, task.encode([type("E", (), {"text": t})() for t in texts[:batch]]), "NWP LSTM (Stack Overflow shape: 96/670/96, 10,004 ids), length 20"
+    task = NWPTask(vocab, 20, model)
+    shape = "Stack Overflow shape: 96/670/96" if model == "stackoverflow" else f"{model} model"
+    return task, task.encode([type("E", (), {"text": t})() for t in texts[:batch]]), f"NWP LSTM ({shape}, 10,004 ids), length 20"
 
 
 def bert_setup(batch: int, max_len: int = 128):
@@ -138,10 +140,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--bert-batch", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=20)
+    ap.add_argument("--nwp-model", default="stackoverflow", help="the NWP LSTM's size: stackoverflow (default), small or tiny (CI)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     results = []
-    setups = {"nwp": nwp_setup, "ner": ner_setup, "ner-crf": lambda b: ner_setup(b, "crf"), "bert": bert_setup}
+    setups = {"nwp": lambda b: nwp_setup(b, args.nwp_model), "ner": ner_setup, "ner-crf": lambda b: ner_setup(b, "crf"), "bert": bert_setup}
     for m in (list(setups) if args.model == "all" else [args.model]):
         task, batch, name = setups[m](args.batch if m == "nwp" else args.bert_batch)
         results.append(bench(name, task, batch, args.repeats))

@@ -24,8 +24,9 @@ bucket's program), then ``--rounds`` timed rounds of :meth:`VectorizedEngine.rou
 * ``round_s``: the median wall time of a round; ``steps``: the cohort's real local steps per round
   (its work); ``ms_per_step``: round_s / steps;
 * ``rss_data_mb``: resident memory once the population is built (the data, JAX, Python);
-  ``data_mb``: the population's arrays themselves; ``peak_rounds_mb``: the peak resident memory
-  during the timed rounds (the kernel's high-water mark, reset before them).
+  ``data_mb``: the population's arrays themselves; ``rss_before_rounds_mb``: resident memory once
+  the cohort's programs are compiled; ``peak_rounds_mb``: the peak resident memory during the
+  timed rounds (the kernel's high-water mark, reset before them).
 
 The machine is shared: compare ratios from one run, not absolute times across runs. Not part of
 the test suite.
@@ -141,7 +142,9 @@ def reset_peak() -> bool:
 def warm_compile(setup, engine, params, m: int) -> None:
     """Compile every bucket's program before timing, at the widths a round of ``m`` users uses
     (scan: the round's one width; vmap: every power of two up to the chunk), by running one user
-    of each bucket padded to that width (round 0; the deltas are thrown away)."""
+    of each bucket padded to that width, and the server's step (round 0; thrown away)."""
+    import jax
+
     from fedpriv.clients.data import next_power_of_two
 
     f = setup.fcfg
@@ -152,11 +155,13 @@ def warm_compile(setup, engine, params, m: int) -> None:
         widths = [min(engine.chunk, m)]
     else:
         widths = [1 << i for i in range(engine.chunk.bit_length()) if 1 << i <= engine.chunk]
-    acc = setup.core.accumulator(setup.core.init_state(params))
+    state = setup.core.init_state(params)
+    acc = setup.core.accumulator(state)
     for u in firsts:
         for w in widths:
             deltas, mask, _, _ = engine.cohort.deltas(params, np.array([u]), 0, w)
             acc.add(deltas, np.concatenate([setup.data.counts[[u]], np.zeros(w - 1, np.int64)]), mask)
+    jax.block_until_ready(setup.core.finish_round(state, 0, acc))  # the server's aggregation and optimizer
 
 
 def one_population(args: argparse.Namespace, name: str) -> dict:
@@ -181,6 +186,7 @@ def one_population(args: argparse.Namespace, name: str) -> dict:
         for r in range(1, args.warmup + 1):
             state, _ = engine.round(r, state)
         jax.block_until_ready(state)
+        rss_before = proc_status("VmRSS")  # after compiling: the programs' memory is here
         reset_ok = reset_peak()
         times, steps, padded = [], [], []
         for r in range(args.warmup + 1, args.warmup + args.rounds + 1):
@@ -197,7 +203,8 @@ def one_population(args: argparse.Namespace, name: str) -> dict:
         out["cohorts"].append({
             "cohort": m, "chunk": engine.chunk, "rounds": args.rounds, "round_s": round_s, "round_s_all": times,
             "steps": statistics.mean(steps), "slots": statistics.mean(padded), "ms_per_step": 1e3 * round_s / statistics.mean(steps),
-            "updates_per_s": m / round_s, "peak_rounds_mb": proc_status("VmHWM") if reset_ok else rss_mb(), "peak_reset": reset_ok,
+            "updates_per_s": m / round_s, "rss_before_rounds_mb": rss_before,
+            "peak_rounds_mb": proc_status("VmHWM") if reset_ok else rss_mb(), "peak_reset": reset_ok,
         })
         del engine, setup, state
     out["backend"] = jax.default_backend()
