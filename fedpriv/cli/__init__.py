@@ -319,13 +319,14 @@ def flwr_run_cmd(
     run_config: list[str] = typer.Option([], "--run-config", "-c", help="Passed to `flwr run` (repeatable), e.g. \"config='experiments/x.toml' run-dir='runs/x'\"."),
     federation_config: list[str] = typer.Option([], "--federation-config", help="Passed to `flwr run` (repeatable), e.g. \"num-supernodes=4 client-resources-num-cpus=1\"."),
     federation: Optional[str] = typer.Option(None, "--federation", help="Passed to `flwr run`."),
+    log_dir: Path = typer.Option(Path("runs"), "--log-dir", help="Where the whole streamed log goes, as flwr-run-RUN_ID.log (the terminal gets it without Python tracebacks)."),
 ) -> None:
     """`flwr run APP [CONNECTION] --stream`, then exit 2 unless the run ended finished:completed
     (`flwr run` itself exits 0 for a failed run). Puts this environment's bin on PATH and turns
     off Flower's runtime dependency installation."""
     from fedpriv.engines.flower.flwr_cli import flwr_run
 
-    flwr_run(app_dir, connection, run_config, federation_config, federation)
+    flwr_run(app_dir, connection, run_config, federation_config, federation, log_dir=log_dir)
 
 
 @app.command("report")
