@@ -214,6 +214,34 @@ def test_a_config_that_is_not_a_small_readable_regular_file_is_refused_in_one_li
     assert line.startswith(f"fedpriv: error: {path}: ") and message in line, line
 
 
+@pytest.mark.parametrize("empirical", [False, True])
+def test_an_audit_that_cannot_write_its_files_is_refused_before_its_work(empirical, tmp_path, capsys, monkeypatch):
+    """A read-only run directory: `audit` used to prepare the data and run every test, then fail
+    to write. Now one line before any work (no progress line), and nothing written. Root writes
+    into a read-only directory anyway; for it the target is a folder, which nobody can write."""
+    from fedpriv.config import validate_config
+
+    run = tmp_path / "run"
+    cfg = validate_config({**VALID, "audit": {**VALID["audit"], "empirical": empirical, "empirical_canaries": 4}})
+    RunDir(run).create().write_config({"experiment": cfg.model_dump()})
+    target = run / (EMPIRICAL if empirical else "audit.md")
+    if os.geteuid() == 0:
+        target.mkdir()
+        where = target
+    else:
+        run.chmod(0o555)
+        where = run
+    before = _tree(tmp_path)
+    try:
+        code = main(["audit", str(run), *(["--empirical"] if empirical else [])])
+    finally:
+        run.chmod(0o755)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"fedpriv: error: {where}: cannot write there (") and "into the run directory: make it writable first" in err, err
+    assert _tree(tmp_path) == before
+
+
 def test_the_corpus_lists_every_file_and_the_docs_list_the_corpus():
     assert sorted(CONFIGS) == sorted(p.name for p in (CORPUS / "configs").iterdir())
     assert sorted(DATA) == sorted(p.name for p in (CORPUS / "data").iterdir())
