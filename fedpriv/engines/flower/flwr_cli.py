@@ -17,9 +17,9 @@ for the run's status (``flwr list CONNECTION --run-id N --format json``) and rai
 flwr-run`` ends with one line ``fedpriv: error: Flower run N ended finished:failed: ...`` and
 exit code 2. The streamed log goes to the terminal without Python tracebacks (a failed
 ServerApp's, printed by Flower after fedpriv's one-line error): :class:`RunLog` keeps the whole
-stream, tracebacks included, in ``runs/flwr-run-RUN_ID.log`` under the working directory (``--log-dir``) and
-names that file where a traceback was left out. It also puts this environment's ``bin`` on ``PATH`` (``flwr`` starts
-``flower-superlink`` by name) and sets ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` unless
+stream, tracebacks included, in ``runs/flwr-run-RUN_ID.log`` under the working directory
+(``--log-dir``) and names that file where a traceback was left out. It also puts this
+environment's ``bin`` on ``PATH`` (``flwr`` starts ``flower-superlink`` by name) and sets ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` unless
 it is set.
 """
 
@@ -56,6 +56,7 @@ class RunLog:
 
     def __init__(self, out: TextIO, root: Path):
         self.out, self.root = out, root
+        root.mkdir(parents=True, exist_ok=True)  # (a folder that cannot be made: refused before Flower starts)
         self.path: Path | None = None
         self._held: list[str] = []
         self._file: TextIO | None = None
@@ -66,7 +67,6 @@ class RunLog:
     def start(self, run_id: int | str) -> None:
         """Open ``flwr-run-RUN_ID.log`` and write the lines held so far."""
         if self._file is None:
-            self.root.mkdir(parents=True, exist_ok=True)
             self.path = self.root / f"flwr-run-{run_id}.log"
             self._file = open(self.path, "w", encoding="utf-8")
             self._file.writelines(self._held)
