@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -61,23 +62,100 @@ def name_problem(name: Any, reserved: bool = True) -> str | None:
     return None
 
 
-def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """A TOML file's table; ConfigError naming the file (line and column for syntax errors)."""
-    path = Path(path)
+#: A config or experiment file is a few kilobytes (the largest shipped one: 10 KB); a larger one is refused unread.
+MAX_CONFIG_BYTES = 1 << 20
+#: Tables and arrays nest at most this deep in a config, counting the file's own table (the shipped ones: 5).
+MAX_CONFIG_DEPTH = 32
+
+
+def read_config_text(path: Path, what: str = "TOML") -> str:
+    """The text of a config file (UTF-8, newlines as universal-newline reading gives them);
+    ConfigError naming the file unless it is a regular file of at most MAX_CONFIG_BYTES. A FIFO
+    is opened without blocking and refused, like a device (``/dev/zero`` never ends) or a socket."""
     try:
-        text = path.read_text(encoding="utf-8")
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{path}: is a directory, not a TOML file") from None
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{path}: not valid UTF-8 text (byte {e.start}: {e.reason})") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        if stat.S_ISDIR(mode):
+            raise ConfigError(f"{path}: is a directory, not a {what} file")
+        raise ConfigError(f"{path}: not a regular file (a FIFO, a device or a socket); give a {what} file")
+    with os.fdopen(fd, "rb") as f:
+        try:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read ({e.strerror or e})") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES:,} bytes, the most a config file may hold")
     try:
-        return tomllib.loads(text)
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path}: not valid UTF-8 text (byte {e.start}: {e.reason})") from None
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
+def check_nesting(raw: Any, origin: str) -> None:
+    """ConfigError naming the key path where tables and arrays nest deeper than MAX_CONFIG_DEPTH."""
+    stack: list[tuple[Any, str, int]] = [(raw, "", 1)] if isinstance(raw, (dict, list)) else []
+    while stack:
+        node, where, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(f"{origin}: {where}: tables and arrays nest more than {MAX_CONFIG_DEPTH} levels deep")
+        items = node.items() if isinstance(node, dict) else enumerate(node)
+        for k, v in items:
+            if isinstance(v, (dict, list)):
+                stack.append((v, f"{where}[{k}]" if isinstance(node, list) else f"{where}.{k}" if where else str(k), depth + 1))
+
+
+def _too_deep_line(text: str) -> int | None:
+    """The line where brackets and braces outside strings and comments first nest deeper than
+    MAX_CONFIG_DEPTH (to name it when the TOML parser runs out of recursion)."""
+    depth, line, i, n = 0, 1, 0, len(text)
+    while i < n:
+        c = text[i]
+        if c == "#":
+            i = text.find("\n", i)
+            i = n if i < 0 else i
+            continue
+        if c in "\"'":
+            quote = c * 3 if text.startswith(c * 3, i) else c
+            j = i + len(quote)
+            while j < n and not text.startswith(quote, j):
+                j += 2 if c == '"' and text[j] == "\\" else 1
+            line += text.count("\n", i, j)
+            i = j + len(quote)
+            continue
+        if c == "\n":
+            line += 1
+        elif c in "[{":
+            depth += 1
+            if depth > MAX_CONFIG_DEPTH:
+                return line
+        elif c in "]}":
+            depth -= 1
+        i += 1
+    return None
+
+
+def read_toml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A TOML file's table; ConfigError naming the file (line and column for syntax errors; the
+    file's size, kind and nesting depth bounded: see :func:`read_config_text`, :func:`check_nesting`)."""
+    path = Path(path)
+    text = read_config_text(path)
+    try:
+        raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: TOML syntax error: {e}") from None
+    except RecursionError:
+        line = _too_deep_line(text)
+        at = f" (at line {line})" if line else ""
+        raise ConfigError(f"{path}: arrays and inline tables nest more than {MAX_CONFIG_DEPTH} levels deep{at}") from None
+    check_nesting(raw, str(path))
+    return raw
 
 
 def changed_keys(old: Any, new: Any, ignore: tuple[str, ...] = (), prefix: str = "") -> list[str]:
@@ -729,13 +807,12 @@ def load_config(path: str | os.PathLike[str], overrides: dict[str, Any] | None =
     path = Path(path)
     if path.suffix == ".json":  # a resolved config written by fedpriv (run directories, experiment runs)
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise ConfigError(f"{path}: no such file") from None
-        except (OSError, UnicodeDecodeError) as e:
-            raise ConfigError(f"{path}: cannot read ({e})") from None
+            raw = json.loads(read_config_text(path, "JSON"))
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path}: JSON syntax error: {e}") from None
+        except RecursionError:
+            raise ConfigError(f"{path}: arrays and objects nest more than {MAX_CONFIG_DEPTH} levels deep") from None
+        check_nesting(raw, str(path))
         return validate_config(apply_overrides(raw, overrides), str(path))
     raw = read_toml(path)
     if "runs" in raw:

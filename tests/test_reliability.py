@@ -10,8 +10,12 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
+import os
 import shutil
+import signal
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +59,7 @@ def _tree(root: Path) -> dict[str, bytes]:
 def _kind(path: Path) -> str:
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
         return "central"
     return "federated" if "federated" in raw and "runs" not in raw else "central"
 
@@ -91,7 +95,7 @@ def _refused(command: list[str], tmp_path: Path, capsys, monkeypatch) -> str:
 def _is_experiment(path: Path) -> bool:
     try:
         return "runs" in tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError):
         return False
 
 
@@ -146,6 +150,96 @@ def test_every_bad_data_file_is_refused_by_every_command(name, command, tmp_path
         line = _refused(_args(command, path, options), tmp_path, capsys, monkeypatch)
     assert entry["expect"] in line, line
     assert hashlib.sha256(data.read_bytes()).digest() == digest
+
+
+# ---- issue 31: config paths the corpus cannot hold (a FIFO, a device, a huge, deep or unreadable file) ----
+@contextmanager
+def _deadline(seconds: int) -> Iterator[None]:
+    """Fail instead of hanging: SIGALRM raises inside a blocked open or an endless read."""
+
+    def fail(*_: object) -> None:
+        raise TimeoutError(f"still running after {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def _special_config(case: str, where: Path, monkeypatch) -> tuple[Path, str]:
+    """The path of a config of kind ``case`` made under ``where``, and the message it must get."""
+    valid = (CORPUS / "configs" / "lr-nan.toml").read_text()
+    if case == "fifo":
+        path = where / "config.toml"
+        os.mkfifo(path)
+        return path, "not a regular file (a FIFO, a device or a socket); give a TOML file"
+    if case == "device":
+        return Path("/dev/zero"), "not a regular file (a FIFO, a device or a socket); give a TOML file"
+    if case == "huge":
+        path = where / "config.toml"
+        path.write_text(valid + "# padding\n" * 110_000)
+        return path, "larger than 1,048,576 bytes, the most a config file may hold"
+    if case == "deep-json":
+        path = where / "config.json"
+        path.write_text('{"name": ' + "[" * 5000 + "]" * 5000 + "}")
+        return path, "arrays and objects nest more than 32 levels deep"
+    path = where / "config.toml"  # unreadable: Click used to refuse it with its three-line usage error
+    path.write_text(valid)
+    path.chmod(0)
+    if os.access(path, os.R_OK):  # root reads it anyway; what Click asks the kernel, answered as for a user
+        real = os.access
+        monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if Path(p) == path and mode & os.R_OK else real(p, mode, *a, **k))
+        return path, "training.learning_rate: Input should be a finite number"  # (root: read, then validated)
+    return path, "cannot read (Permission denied)"
+
+
+@pytest.mark.parametrize("command", ["config check", "train", "run"])
+@pytest.mark.parametrize("case", ["fifo", "device", "huge", "deep-json", "unreadable"])
+def test_a_config_that_is_not_a_small_readable_regular_file_is_refused_in_one_line(case, command, tmp_path, capsys, monkeypatch):
+    """A FIFO used to block ``config check`` forever and /dev/zero to be read forever; a nested
+    JSON config ended in RecursionError; an unreadable one got Click's usage error."""
+    where = tmp_path / "in"
+    where.mkdir()
+    path, message = _special_config(case, where, monkeypatch)
+    argv = {"config check": ["config", "check", str(path)], "train": ["train", "central", str(path), "--json"], "run": ["run", str(path), "--json", "--no-report"]}[command]
+    if command == "run" and case == "deep-json":
+        message = "TOML syntax error"  # (run reads experiment files, TOML only)
+    if command == "run" and message.startswith("training.learning_rate"):
+        message = "an experiment needs at least one [[runs]] entry"
+    with _deadline(20):
+        line = _refused(argv, tmp_path / "a", capsys, monkeypatch)
+    assert line.startswith(f"fedpriv: error: {path}: ") and message in line, line
+
+
+@pytest.mark.parametrize("empirical", [False, True])
+def test_an_audit_that_cannot_write_its_files_is_refused_before_its_work(empirical, tmp_path, capsys, monkeypatch):
+    """A read-only run directory: `audit` used to prepare the data and run every test, then fail
+    to write. Now one line before any work (no progress line), and nothing written. Root writes
+    into a read-only directory anyway; for it the target is a folder, which nobody can write."""
+    from fedpriv.config import validate_config
+
+    run = tmp_path / "run"
+    cfg = validate_config({**VALID, "audit": {**VALID["audit"], "empirical": empirical, "empirical_canaries": 4}})
+    RunDir(run).create().write_config({"experiment": cfg.model_dump()})
+    target = run / (EMPIRICAL if empirical else "audit.md")
+    if os.geteuid() == 0:
+        target.mkdir()
+        where = target
+    else:
+        run.chmod(0o555)
+        where = run
+    before = _tree(tmp_path)
+    try:
+        code = main(["audit", str(run), *(["--empirical"] if empirical else [])])
+    finally:
+        run.chmod(0o755)
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"fedpriv: error: {where}: cannot write there (") and "into the run directory: make it writable first" in err, err
+    assert _tree(tmp_path) == before
 
 
 def test_the_corpus_lists_every_file_and_the_docs_list_the_corpus():

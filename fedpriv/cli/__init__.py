@@ -141,7 +141,7 @@ def _print_stats(stats: dict) -> None:
 
 @config_app.command("check")
 def config_check(
-    path: Path = typer.Argument(..., help="An experiment TOML file."),
+    path: Path = typer.Argument(..., readable=False, help="An experiment TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
     static: bool = typer.Option(False, "--static", help="Check the keys only; do not load the data (cohort and batch sizes, calibration are not checked)."),
     set_: list[str] = _set_option(),
@@ -235,7 +235,7 @@ def _print_summary(title: str, summary: dict) -> None:
 
 @train_app.command("central")
 def train_central_cmd(
-    config: Path = typer.Argument(..., help="Experiment TOML with [data], [task] and [training]."),
+    config: Path = typer.Argument(..., readable=False, help="Experiment TOML with [data], [task] and [training]."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
@@ -253,7 +253,7 @@ def train_central_cmd(
 
 @train_app.command("federated")
 def train_federated_cmd(
-    config: Path = typer.Argument(..., help="Experiment TOML with a [federated] section."),
+    config: Path = typer.Argument(..., readable=False, help="Experiment TOML with a [federated] section."),
     engine: Optional[str] = typer.Option(None, "--engine", help="vectorized (in-process JAX) or flower (Flower simulation); default: the config's federated.engine."),
     out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
@@ -272,7 +272,7 @@ def train_federated_cmd(
 
 @app.command("run")
 def run_cmd(
-    experiment: Path = typer.Argument(..., help="Experiment TOML with [[runs]] (see experiments/demo.toml)."),
+    experiment: Path = typer.Argument(..., readable=False, help="Experiment TOML with [[runs]] (see experiments/demo.toml)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes."),
     set_: list[str] = typer.Option([], "--set", help="Override an experiment key, KEY=VALUE (repeatable), e.g. --set data.source=Posts.xml."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
@@ -320,13 +320,14 @@ def flwr_run_cmd(
     run_config: list[str] = typer.Option([], "--run-config", "-c", help="Passed to `flwr run` (repeatable), e.g. \"config='experiments/x.toml' run-dir='runs/x'\"."),
     federation_config: list[str] = typer.Option([], "--federation-config", help="Passed to `flwr run` (repeatable), e.g. \"num-supernodes=4 client-resources-num-cpus=1\"."),
     federation: Optional[str] = typer.Option(None, "--federation", help="Passed to `flwr run`."),
+    log_dir: Path = typer.Option(Path("runs"), "--log-dir", help="Where the whole streamed log goes, as flwr-run-RUN_ID.log (the terminal gets it without Python tracebacks)."),
 ) -> None:
     """`flwr run APP [CONNECTION] --stream`, then exit 2 unless the run ended finished:completed
     (`flwr run` itself exits 0 for a failed run). Puts this environment's bin on PATH and turns
     off Flower's runtime dependency installation."""
     from fedpriv.engines.flower.flwr_cli import flwr_run
 
-    flwr_run(app_dir, connection, run_config, federation_config, federation)
+    flwr_run(app_dir, connection, run_config, federation_config, federation, log_dir=log_dir)
 
 
 @app.command("report")
@@ -404,7 +405,7 @@ def _print_audit(report: dict) -> None:
 
 @app.command("demo")
 def demo(
-    config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment to run."),
+    config: Path = typer.Option(Path("experiments/demo.toml"), "--config", readable=False, help="Experiment to run."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     set_: list[str] = _set_option(),

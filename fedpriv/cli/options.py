@@ -20,4 +20,6 @@ def parse_options(pairs: list[str], flag: str = "--option") -> dict[str, Any]:
             options[key.strip()] = json.loads(value)
         except json.JSONDecodeError:
             options[key.strip()] = value
+        except RecursionError:
+            raise FedprivError(f"{flag} {key.strip()}: the value nests arrays or objects too deeply to read") from None
     return options

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from enum import Enum
 from typing import Optional
 
@@ -12,6 +14,8 @@ from rich.table import Table
 
 from fedpriv.errors import PrivacyParameterError
 from fedpriv.privacy.accounting import (
+    MAX_NOISE_MULTIPLIER,
+    MIN_NOISE_MULTIPLIER,
     GaussianSteps,
     available_accountants,
     PLDTooCostly,
@@ -54,6 +58,70 @@ EVENT_HELP = (
     "dpfedavg-poisson: DP-FedAvg, Poisson user sampling; "
     "no-sampling: every unit in every step."
 )
+
+
+@dataclass(frozen=True)
+class _Range:
+    """The values an option takes: a finite number (an integer when ``integer``) from ``low`` to
+    ``high``, each end included unless it is open."""
+
+    low: float
+    high: float = math.inf
+    low_open: bool = False
+    high_open: bool = False
+    integer: bool = False
+    why: str = ""
+
+    def text(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        if self.high == math.inf:
+            return f"{kind} {'>' if self.low_open else '>='} {self.low:g}"
+        return f"{kind} in {'(' if self.low_open else '['}{self.low:g}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def holds(self, value: float) -> bool:
+        if isinstance(value, float) and not (math.isfinite(value) and (value.is_integer() or not self.integer)):
+            return False
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+
+MAX_STEPS = 10**12
+#: Every numeric option of ``fedpriv privacy``: the one table :func:`check_options` checks.
+OPTION_RANGES: dict[str, _Range] = {
+    "--noise-multiplier": _Range(
+        MIN_NOISE_MULTIPLIER, MAX_NOISE_MULTIPLIER, why="below it epsilon is astronomically large; above it epsilon is 0 to float precision"
+    ),
+    "--population": _Range(1, 10**15, integer=True),
+    "--batch": _Range(0, low_open=True),
+    "--batches": _Range(0, low_open=True),
+    "--steps": _Range(1, MAX_STEPS, integer=True),
+    "--shards": _Range(1, 10**6, integer=True),
+    "--micro-steps": _Range(1, 10**6, integer=True),
+    "--delta": _Range(0, 1, low_open=True, high_open=True),
+    "--epsilon": _Range(0, low_open=True),
+    "--target-epsilon": _Range(0, low_open=True),
+    "--epochs": _Range(0, low_open=True, why="steps = ceil(epochs * N / B)"),
+}
+
+
+def check_options(values: dict[str, float | None]) -> None:
+    """Refuse, naming the option, a value outside its range in :data:`OPTION_RANGES` (``None``:
+    not given). Called first by every command, before any accounting."""
+    for option, value in values.items():
+        if value is None:
+            continue
+        r = OPTION_RANGES[option]
+        if not r.holds(value):
+            why = f" ({r.why})" if r.why else ""
+            raise PrivacyParameterError(f"{option} must be {r.text()}{why}, got {_shown(value)}")
+
+
+def _shown(value: float) -> str:
+    if isinstance(value, int):
+        text = str(value)
+        return text if len(text) <= 20 else f"{text[:6]}... ({len(text)} digits)"
+    return f"{value:g}"
 
 
 def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str) -> GaussianSteps:
@@ -128,6 +196,8 @@ def epsilon_cmd(
     as_json: bool = _JSON,
 ) -> None:
     """epsilon for a delta (or delta for an epsilon) of a DP-SGD or DP-FedAvg run."""
+    check_options({"--noise-multiplier": noise_multiplier, "--population": population, "--batch": batch, "--steps": steps, "--delta": delta,
+                   "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps})
     if (delta is None) == (epsilon is None):
         raise PrivacyParameterError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
     ev = _event(event, noise_multiplier, population, batch, steps, shards, micro_steps, unit)
@@ -153,6 +223,8 @@ def calibrate_cmd(
     as_json: bool = _JSON,
 ) -> None:
     """The smallest noise multiplier (per draw) that reaches --target-epsilon at --delta (bisection)."""
+    check_options({"--target-epsilon": target_epsilon, "--delta": delta, "--population": population, "--batch": batch, "--steps": steps,
+                   "--shards": shards, "--micro-steps": micro_steps})
     if accountant is Accountant.all:
         raise PrivacyParameterError("--accountant: calibrate against one accountant, rdp or pld")
     template = _event(event, 1.0, population, batch, steps, shards, micro_steps, unit)
@@ -183,6 +255,9 @@ def batch_sweep_cmd(
         raise PrivacyParameterError(f"--batches: expected comma-separated numbers, got {batches!r}") from None
     if not sizes:
         raise PrivacyParameterError(f"--batches: expected at least one batch size, got {batches!r}")
+    check_options({"--noise-multiplier": noise_multiplier, "--population": population, "--batch": batch, "--steps": steps, "--delta": delta, "--epochs": epochs})
+    for size in sizes:
+        check_options({"--batches": size})
     template = _event(event, noise_multiplier, population, batch, steps, 1, 1, "example")
     rows = batch_size_sweep(template, sizes, delta, epochs, accountant.value)  # type: ignore[arg-type]
     if as_json:

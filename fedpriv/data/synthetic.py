@@ -25,8 +25,10 @@ alone and the result does not depend on which users were built before.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -227,6 +229,61 @@ def user_counts(cfg: SyntheticConfig) -> np.ndarray:
     return counts
 
 
+#: Bytes a synthetic store needs, measured with tracemalloc (numpy 2, CPython 3.11): per user (its
+#: count and its id), per vocabulary word (the word three times, the CDFs; plus 4 per topic for
+#: the topic tables), and per example of the user being generated (its text, timestamp and the
+#: draws behind them: a fixed part plus a part per token of the mean sentence length).
+BYTES_PER_USER = 100
+BYTES_PER_WORD = 300
+BYTES_PER_WORD_AND_TOPIC = 4
+BYTES_PER_EXAMPLE = 200
+BYTES_PER_EXAMPLE_TOKEN = 30
+
+
+def memory_bytes() -> int | None:
+    """This machine's memory in bytes (physical RAM, or a smaller cgroup limit); None if unknown."""
+    try:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (AttributeError, ValueError, OSError):
+        return None
+    for limit in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            text = Path(limit).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit():
+            total = min(total, int(text))
+    return total
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024:
+            return f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.3g} PiB"
+
+
+def check_memory(cfg: SyntheticConfig, largest_user: int | None = None) -> None:
+    """Refuse (SourceError, stating the estimate) a population this machine cannot hold: the
+    store's tables plus the examples of its largest user (``largest_user`` examples; before the
+    counts are drawn, the mean examples / users, a lower bound). Users are generated one at a
+    time, so this is what the source needs at once, not what a consumer keeps of it."""
+    memory = memory_bytes()
+    if memory is None:
+        return
+    largest = largest_user if largest_user is not None else -(-cfg.examples // cfg.users)
+    tables = cfg.users * BYTES_PER_USER + cfg.vocab_size * (BYTES_PER_WORD + BYTES_PER_WORD_AND_TOPIC * cfg.topics)
+    user = largest * (BYTES_PER_EXAMPLE + BYTES_PER_EXAMPLE_TOKEN * cfg.sentence_mean)
+    if tables + user > memory:
+        which = "the largest user" if largest_user is not None else "an average user"
+        raise SourceError(
+            f"{cfg.spec()}: needs about {_size(tables + user)} of memory ({_size(tables)} for {cfg.users:,} users and {cfg.vocab_size:,} words x "
+            f"{cfg.topics} topics, {_size(user)} to generate {which}'s {largest:,} examples); this machine has {_size(memory)}: "
+            "lower users, examples or vocab_size"
+        )
+
+
 class SyntheticStore(UserStore):
     """Users ``u000000``, ``u000001``, ... whose examples are generated on demand (see module doc).
 
@@ -238,7 +295,9 @@ class SyntheticStore(UserStore):
 
     def __init__(self, config: SyntheticConfig):
         self.config = cfg = config
+        check_memory(cfg)
         self._counts = user_counts(cfg)
+        check_memory(cfg, int(self._counts.max()))
         self._counts.setflags(write=False)
         self._width = max(6, len(str(cfg.users - 1)))
         self._ids: tuple[str, ...] | None = None

@@ -2,7 +2,9 @@
 
 Every row is one example of one user. Columns (names configurable):
 
-* ``user_id``: a string or an integer (converted to ``str``); empty or null is an error.
+* ``user_id``: a string or an integer (converted to ``str``); empty or null is an error, and so
+  is an integer id that prints the same as a string id of the file (``1`` and ``"1"`` in JSON
+  Lines would merge two users into one: refused naming both lines).
 * Text mode (default): ``text``, a string, normalized with
   :func:`fedpriv.data.tokenize.normalize` unless ``normalize_text=False`` (then it must already be
   space-separated tokens).
@@ -168,6 +170,9 @@ class RowConverter:
         #: unit="sentence": rows split, and the sentences they gave (for the corpus notes)
         self.split_rows = 0
         self.sentences = 0
+        #: where each user id was first seen, by the type it had there (an integer or a string):
+        #: 1 and "1" print the same and would merge two users into one
+        self._first_seen: dict[bool, dict[str, int | str | None]] = {True: {}, False: {}}
 
     @staticmethod
     def _get(row: Mapping, col: str) -> object:
@@ -176,7 +181,9 @@ class RowConverter:
         except KeyError:
             raise RowError(f"missing column {col!r}") from None
 
-    def user_id(self, value: object) -> str:
+    def user_id(self, value: object, where: int | str | None = None) -> str:
+        """The user id as a string; refused when null, empty, of another type, or when it prints
+        the same as an id of the other type seen before (``where``: this row's line or ``row N``)."""
         if value is None:
             raise RowError(f"null user id in column {self.user_column!r}")
         if isinstance(value, bool) or not isinstance(value, (str, int)):
@@ -184,6 +191,13 @@ class RowConverter:
         uid = _check_unicode(value, "the user id") if isinstance(value, str) else str(value)
         if not uid.strip():
             raise RowError(f"empty user id in column {self.user_column!r}")
+        is_int = isinstance(value, int)
+        if uid in self._first_seen[not is_int]:
+            first = self._first_seen[not is_int][uid]
+            at = "an earlier row" if first is None else f"line {first}" if isinstance(first, int) else first
+            this, other = (f"{value} (an integer)", f'"{uid}" (a string)') if is_int else (f'"{uid}" (a string)', f"{uid} (an integer)")
+            raise RowError(f"user id {this} prints the same as the user id {other} of {at}: they would merge into one user; give every user id one type")
+        self._first_seen[is_int].setdefault(uid, where)
         return uid
 
     def _str_list(self, row: Mapping, col: str) -> list[str]:
@@ -205,12 +219,13 @@ class RowConverter:
             raise RowError(f"column {self.text_column!r} must be a string, got {_type_name(text)}")
         return _check_unicode(text, f"column {self.text_column!r}")
 
-    def convert_all(self, row: Mapping) -> list[tuple[str, Example]]:
-        """The row's examples: one (or none) for ``unit="row"``, its sentences for ``unit="sentence"``."""
+    def convert_all(self, row: Mapping, where: int | str | None = None) -> list[tuple[str, Example]]:
+        """The row's examples: one (or none) for ``unit="row"``, its sentences for ``unit="sentence"``;
+        ``where`` as in :meth:`convert`."""
         if self.unit == "row":
-            out = self.convert(row)
+            out = self.convert(row, where)
             return [] if out is None else [out]
-        uid = self.user_id(self._get(row, self.user_column))
+        uid = self.user_id(self._get(row, self.user_column), where)
         ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
         clean = normalize if self.normalize_text else (lambda s: " ".join(s.split()))
         texts = [t for t in map(clean, prose_sentences(self._text(row))) if t]
@@ -221,8 +236,9 @@ class RowConverter:
         self.sentences += len(texts)
         return [(uid, TextExample(t, ts)) for t in texts]
 
-    def convert(self, row: Mapping) -> tuple[str, Example] | None:
-        uid = self.user_id(self._get(row, self.user_column))
+    def convert(self, row: Mapping, where: int | str | None = None) -> tuple[str, Example] | None:
+        """``where``: the row's line (an int) or ``"row N"``, to name the first row of a user id that clashes."""
+        uid = self.user_id(self._get(row, self.user_column), where)
         ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
         if self.kind == "text":
             text = self._text(row)
@@ -334,7 +350,7 @@ def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]
             if not isinstance(obj, dict):
                 raise DataFormatError(path, n, f"expected a JSON object, got {_type_name(obj)}")
             try:
-                out = conv.convert_all(obj)
+                out = conv.convert_all(obj, n)
             except RowError as e:
                 raise DataFormatError(path, n, str(e)) from None
             yield from out
@@ -361,7 +377,7 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[
                 if len(rec) != width:
                     raise DataFormatError(path, reader.line_num, f"{len(rec)} fields but the header has {width}")
                 try:
-                    out = conv.convert_all(dict(zip(header, rec)))
+                    out = conv.convert_all(dict(zip(header, rec)), reader.line_num)
                 except RowError as e:
                     raise DataFormatError(path, reader.line_num, str(e)) from None
                 yield from out
@@ -408,7 +424,7 @@ def _parquet_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example
             for i in range(batch.num_rows):
                 n += 1
                 try:
-                    out = conv.convert_all({c: v[i] for c, v in cols.items()})
+                    out = conv.convert_all({c: v[i] for c, v in cols.items()}, f"row {n}")
                 except RowError as e:
                     raise DataFormatError(path, f"row {n}", str(e)) from None
                 yield from out

@@ -49,6 +49,8 @@ REPLACE_ONE = "replace-one"
 RDP_ORDERS = tuple(dp_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS) + (2048, 4096)
 PLD_DISCRETIZATION = 1e-4
 MIN_NOISE_MULTIPLIER = 1e-3
+#: Above it epsilon is 0 to float precision, and the RDP accountant's sigma**2 overflows near 1e154.
+MAX_NOISE_MULTIPLIER = 1e6
 #: PLD's bounds (see the module docstring). Measured on a 2-core CPU: inside them at most about
 #: 10 s and 1.4 GB; sigma 0.1, q = 0.1 over 100 steps (RDP epsilon 3,100) took 39 s and 1.6 GB,
 #: sigma 0.01 did not finish.
@@ -95,6 +97,10 @@ class GaussianSteps:
         _check(
             self.noise_multiplier >= MIN_NOISE_MULTIPLIER,
             f"noise_multiplier must be >= {MIN_NOISE_MULTIPLIER:g} (below it epsilon is astronomically large and the accountants lose precision), got {self.noise_multiplier:g}",
+        )
+        _check(
+            self.noise_multiplier <= MAX_NOISE_MULTIPLIER,
+            f"noise_multiplier must be <= {MAX_NOISE_MULTIPLIER:g} (above it epsilon is 0 to float precision), got {self.noise_multiplier:g}",
         )
         _check(isinstance(self.population, int) and self.population >= 1, f"population (N) must be an integer >= 1, got {self.population}")
         _check(isinstance(self.steps, int) and self.steps >= 1, f"steps must be an integer >= 1, got {self.steps}")
@@ -406,9 +412,13 @@ def batch_size_sweep(
     sigma_B = sigma_0 * sqrt(B / B_0), and report epsilon for each B. With ``epochs`` the number of
     steps follows B (steps = ceil(epochs * N / B)); otherwise it stays the template's."""
     check_delta(delta)
+    _check(epochs is None or (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0), f"epochs must be > 0 (finite), got {epochs}")
     rows = []
     for b in batches:
+        _check(isinstance(b, (int, float)) and math.isfinite(b) and b > 0, f"batch must be > 0 (finite), got {b}")
         sigma = template.noise_multiplier * math.sqrt(b / template.batch)
+        if epochs is not None:
+            _check(math.isfinite(epochs * template.population / b), f"epochs * N / B = {epochs:g} * {template.population} / {b:g} steps overflows")
         steps = template.steps if epochs is None else max(1, math.ceil(epochs * template.population / b))
         ev = replace(template, batch=b, noise_multiplier=sigma, steps=steps)
         ans = epsilon_for(ev, delta, accountant)

@@ -63,6 +63,24 @@ def load_run(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None 
     return prepared, params, source
 
 
+def check_writable(run: RunDir, names: list[str], command: str) -> None:
+    """Refuse a run directory that ``command`` could not write its files ``names`` into, before
+    any of its work: a probe file is created and removed there, and each existing target is
+    opened for appending (nothing written), so the answer is the filesystem's, root's included."""
+    probe = run.path / f".fedpriv-write-probe-{os.getpid()}"
+    what = run.path
+    try:
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        os.unlink(probe)
+        for name in names:
+            what = run.file(name)
+            if what.exists():
+                with open(what, "ab"):
+                    pass
+    except OSError as e:
+        raise FedprivError(f"{what}: cannot write there ({e.strerror or e}); {command} writes {' and '.join(names)} into the run directory: make it writable first") from None
+
+
 def audit_run(
     run_dir: str | os.PathLike[str],
     candidates: int | None = None,
@@ -79,6 +97,8 @@ def audit_run(
     other = [k for k in overrides or {} if not k.startswith("audit.")]
     if other:
         raise ConfigError(f"--set {other[0]}: fedpriv audit takes audit.* keys only (the data, task and canaries are those the run was trained with)")
+    run.experiment_config()  # a run directory, else one line saying so
+    check_writable(run, [AUDIT_JSON, AUDIT_MD], "fedpriv audit")
     settings = None
     if overrides:  # checked before the data is prepared
         settings = validate_config(apply_overrides(run.experiment_config().model_dump(), overrides), f"{run.path} with --set").audit
@@ -169,6 +189,7 @@ def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] 
     cfg = run.experiment_config()
     if not cfg.audit.empirical:
         raise FedprivError(f"{run.path}: trained without audit canaries; set [audit] empirical = true and train again")
+    check_writable(run, [EMPIRICAL], "fedpriv audit --empirical")
     canaries = AuditCanaries.load(run.path)
     if prepared is None:
         prepared = prepare(cfg, log)

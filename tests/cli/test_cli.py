@@ -72,6 +72,10 @@ def test_human_output(capsys):
         (["data", "inspect", "shakespeare", "-o", "bogus=1"], "unknown option(s) bogus"),
         (["data", "inspect", "shakespeare", "-o", "novalue"], "expected KEY=VALUE"),
         (["config", "check", "no/such.toml"], "no such file"),
+        # issue 31: a MemoryError and a RecursionError before
+        (["data", "inspect", "synthetic:users=10,examples=99999999999999"], "needs about 5.24 PiB of memory"),
+        (["config", "check", "--static", str(Path(__file__).parents[2] / "experiments" / "demo.toml"), "--set", "seed=" + "[" * 5000 + "]" * 5000],
+         "--set seed: the value nests arrays or objects too deeply to read"),
     ],
 )
 def test_errors_are_one_line_with_exit_2(args, message, capsys):

@@ -52,10 +52,10 @@ def test_calibrate_and_sweep(capsys):
     "args, message",
     [
         (["-e", "dpfedavg-fixed", "-z", "1", "-N", "100", "-B", "500", "--steps", "5", "--delta", "1e-5"], "m = 500 users without replacement from N = 100"),
-        (["-e", "dpsgd-poisson", "-z", "0", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5"], "noise_multiplier must be > 0"),
-        (["-e", "dpsgd-poisson", "-z", "1e-6", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5"], "noise_multiplier must be >= 0.001"),  # (once a ZeroDivisionError)
-        (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1.5"], "delta must be in (0, 1)"),
-        (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "0", "--delta", "1e-5"], "steps must be an integer >= 1"),
+        (["-e", "dpsgd-poisson", "-z", "0", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5"], "--noise-multiplier must be a finite number in [0.001, 1e+06]"),
+        (["-e", "dpsgd-poisson", "-z", "1e-6", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5"], "below it epsilon is astronomically large"),  # (once a ZeroDivisionError)
+        (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1.5"], "--delta must be a finite number in (0, 1), got 1.5"),
+        (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "0", "--delta", "1e-5"], "--steps must be an integer in [1, 1e+12], got 0"),
         (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "--steps", "5", "--delta", "1e-5"], "--batch is required"),
         (["-e", "dpsgd-fixed", "-z", "1", "-N", "100", "-B", "5", "--steps", "5", "--delta", "1e-5", "--accountant", "pld"], "not available"),
         (["-e", "dpsgd-poisson", "-z", "1", "-N", "100", "-B", "5", "--steps", "5"], "exactly one of --delta"),
@@ -71,3 +71,48 @@ def test_human_output_states_assumptions(capsys):
     assert main(["privacy", "epsilon", "-e", "dpfedavg-fixed", "-z", "1", "-N", "20000", "-B", "500", "--steps", "10", "--delta", "1e-6"]) == 0
     out = capsys.readouterr().out
     assert "replace-one user" in out and "without replacement" in out and "sensitivity is 2C" in out
+
+
+# ---- issue 31: every numeric option through one validator (these used to end in internal errors) ----
+EPSILON = ["privacy", "epsilon", "-e", "dpsgd-poisson", "-N", "1000", "-B", "10", "--steps", "10"]
+SWEEP = ["privacy", "batch-sweep", "-e", "dpsgd-poisson", "-z", "1", "-N", "1000", "-B", "10", "--steps", "10", "--delta", "1e-5"]
+CALIBRATE = ["privacy", "calibrate", "-e", "dpsgd-poisson", "-N", "1000", "-B", "10", "--steps", "10"]
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        ([*EPSILON, "-z", "1e308", "--delta", "1e-5"], "--noise-multiplier must be a finite number in [0.001, 1e+06] (below it epsilon is astronomically large; above it epsilon is 0 to float precision), got 1e+308"),  # OverflowError
+        ([*EPSILON, "-z", "nan", "--delta", "1e-5"], "--noise-multiplier must be a finite number in [0.001, 1e+06]"),
+        ([*EPSILON, "-z", "1", "--epsilon", "inf"], "--epsilon must be a finite number > 0, got inf"),
+        ([*EPSILON, "-z", "1", "--delta", "1e-5", "--shards", "100000000000000000000"], "--shards must be an integer in [1, 1e+06], got 100000... (21 digits)"),
+        ([*SWEEP, "--batches", "10,20", "--epochs", "inf"], "--epochs must be a finite number > 0 (steps = ceil(epochs * N / B)), got inf"),  # OverflowError
+        ([*SWEEP, "--batches", "10,20", "--epochs", "nan"], "--epochs must be a finite number > 0"),  # ValueError
+        ([*SWEEP, "--batches", "10,20", "--epochs", "0"], "--epochs must be a finite number > 0 (steps = ceil(epochs * N / B)), got 0"),  # printed "steps 1", exit 0
+        ([*SWEEP, "--batches", "10,20", "--epochs", "-1"], "--epochs must be a finite number > 0"),
+        ([*SWEEP, "--batches", "10,nan"], "--batches must be a finite number > 0, got nan"),
+        ([*SWEEP, "--batches", "10,1e-310", "--epochs", "1"], "epochs * N / B = 1 * 1000 / 1e-310 steps overflows"),  # OverflowError
+        ([*CALIBRATE, "--target-epsilon", "nan", "--delta", "1e-5"], "--target-epsilon must be a finite number > 0, got nan"),
+    ],
+)
+def test_every_numeric_option_is_checked_for_range_in_one_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedpriv: error: ") and err.count("\n") == 1 and message in err, err
+
+
+def test_the_validator_knows_every_numeric_option_of_every_privacy_command():
+    """A new numeric option must get a range in OPTION_RANGES, or check_options fails on it."""
+    import click
+    import typer.main
+
+    from fedpriv.cli.privacy import OPTION_RANGES, privacy_app
+
+    group = typer.main.get_command(privacy_app)
+    numeric = {
+        p.opts[0] if p.opts[0].startswith("--") else p.opts[-1]
+        for cmd in group.commands.values()
+        for p in cmd.params
+        if isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType))
+    } | {"--batches"}
+    assert numeric == set(OPTION_RANGES)

@@ -241,3 +241,47 @@ def test_config_validates_directly():
         SyntheticConfig(users=0, examples=10)
     with pytest.raises(SourceError, match="load_synthetic|spec string"):
         load_synthetic(42)  # type: ignore[arg-type]
+
+
+# ---- memory bound (issue 31: users=10,examples=99999999999999 ended in MemoryError) ----------------
+def test_a_population_beyond_this_machines_memory_is_refused_stating_the_estimate():
+    with pytest.raises(SourceError) as info:
+        load_synthetic("synthetic:users=10,examples=99999999999999")
+    msg = str(info.value)
+    assert "needs about 5.24 PiB of memory" in msg and "average user's 10,000,000,000,000 examples" in msg and "this machine has" in msg
+    with pytest.raises(SourceError, match=r"for 1,000,000,000,000 users and 20,000 words"):
+        load_synthetic("synthetic:users=1000000000000,examples=1000000000000")
+
+
+def test_the_largest_user_is_bounded_once_the_counts_are_drawn(monkeypatch):
+    """The mean fits, the heavy tail's largest user does not: refused after the counts, before any user is built."""
+    import fedpriv.data.synthetic as synthetic
+
+    cfg = SyntheticConfig(users=100, examples=100_000, vocab_size=500, topics=5, count_sigma=2.0)
+    largest = int(user_counts(cfg).max())
+    tables = cfg.users * synthetic.BYTES_PER_USER + cfg.vocab_size * (synthetic.BYTES_PER_WORD + synthetic.BYTES_PER_WORD_AND_TOPIC * cfg.topics)
+    per_example = synthetic.BYTES_PER_EXAMPLE + synthetic.BYTES_PER_EXAMPLE_TOKEN * cfg.sentence_mean
+    assert largest > 3 * cfg.examples / cfg.users
+    monkeypatch.setattr(synthetic, "memory_bytes", lambda: int(tables + 2 * per_example * cfg.examples / cfg.users))  # a machine of this size
+    with pytest.raises(SourceError, match=f"the largest user's {largest:,} examples"):
+        SyntheticStore(cfg)
+
+
+def test_the_memory_estimate_covers_what_generating_a_user_takes():
+    """The per-example constants against tracemalloc's peak: not below it, and within 2x of it."""
+    import tracemalloc
+
+    import fedpriv.data.synthetic as synthetic
+
+    for mean in (3.0, 13.0, 40.0):
+        cfg = SyntheticConfig(users=2, examples=20_001, vocab_size=300, function_words=10, topics=2, count_sigma=0.0, sentence_mean=mean, sentence_std=mean / 2)
+        store = SyntheticStore(cfg)
+        n = int(store.counts()[0])
+        tracemalloc.start()
+        try:
+            store.generate(0)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        estimate = n * (synthetic.BYTES_PER_EXAMPLE + synthetic.BYTES_PER_EXAMPLE_TOKEN * mean)
+        assert peak <= estimate <= 2 * peak, (mean, peak, estimate)

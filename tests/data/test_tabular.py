@@ -475,3 +475,17 @@ def test_arbitrary_csv_loads_or_raises_fedprivError(tmp_path, data, kwargs):
     p = tmp_path / "fuzz.csv"
     p.write_bytes(data)
     _load_or_refuse(p, kwargs)
+
+
+def test_user_ids_of_two_types_that_print_the_same_are_refused_naming_both_lines(tmp_path):
+    """1 and "1" used to merge into one user with no note (issue 31); user-level DP counts users."""
+    p = tmp_path / "ids.jsonl"
+    p.write_text('{"user_id": "7", "text": "a"}\n\n{"user_id": 7, "text": "b"}\n', encoding="utf-8")
+    with pytest.raises(DataFormatError) as e:
+        load_table(p)
+    assert str(e.value) == f'{p}:3: user id 7 (an integer) prints the same as the user id "7" (a string) of line 1: they would merge into one user; give every user id one type'
+    p.write_text('{"user_id": 7, "text": "a"}\n{"user_id": 8, "text": "b"}\n{"user_id": "7", "text": "c"}\n', encoding="utf-8")
+    with pytest.raises(DataFormatError, match='^.*:3: user id "7" \\(a string\\) prints the same as the user id 7 \\(an integer\\) of line 1'):
+        load_table(p)
+    p.write_text('{"user_id": 7, "text": "a"}\n{"user_id": "07", "text": "b"}\n{"user_id": 7, "text": "c"}\n{"user_id": "x", "text": "d"}\n', encoding="utf-8")
+    assert sorted(load_table(p).user_ids) == ["07", "7", "x"]  # one type per printed id: read as before

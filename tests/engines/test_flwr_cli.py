@@ -1,8 +1,11 @@
-"""``fedpriv flwr-run`` against a stand-in ``flwr``: the exit code follows the run's status.
+"""``fedpriv flwr-run`` against a stand-in ``flwr``: the exit code follows the run's status; the
+terminal gets the stream without Python tracebacks, the run log ``runs/flwr-run-RUN_ID.log`` all
+of it (issue 31).
 
 (tests/engines/test_flwr_run.py runs the real ``flwr run`` on a run that loses every SuperNode.)
 """
 
+import io
 import json
 import stat
 import sys
@@ -11,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import fedpriv.engines.flower.flwr_cli as flwr_cli
+from fedpriv.engines.flower.flwr_cli import RunLog, relay
 from fedpriv.cli import main
 from fedpriv.errors import FedprivError
 
@@ -25,6 +29,8 @@ if sys.argv[1] == "run":
     if os.environ.get("FAKE_NO_ID") != "1":
         print("Successfully started run 4242")
     print("INFO : round 1/2 ...")
+    if os.environ.get("FAKE_STREAM"):
+        print(open(os.environ["FAKE_STREAM"]).read(), end="")
     sys.exit(0)
 if sys.argv[1] == "list":
     if os.environ.get("FAKE_LS") == "garbage":
@@ -42,6 +48,7 @@ def fake_flwr(tmp_path, monkeypatch):
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     calls = tmp_path / "calls.jsonl"
     monkeypatch.setattr(flwr_cli, "_bin", lambda name: str(script))
+    monkeypatch.chdir(tmp_path)  # the run log goes to runs/ under the working directory
     monkeypatch.setenv("FAKE_FLWR_CALLS", str(calls))
 
     def read_calls() -> list[list[str]]:
@@ -90,3 +97,70 @@ def test_the_environment_finds_flower_superlink_and_installs_nothing():
     assert env["PATH"].split(":")[0] == str(Path(sys.executable).parent)
     assert env["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "1"
     assert flwr_cli.flwr_env({"FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "0"})["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] == "0"
+
+
+# ---- issue 31: Flower's traceback in the run log, not on the terminal ----------------------------
+# What `fedpriv flwr-run . --run-config "config='nosuch.toml'"` streamed from Flower 1.41 (a local
+# simulation; paths shortened): the ServerApp's one line, then Flower's traceback.
+STREAM = """\
+Starting local SuperLink on 127.0.0.1:43811...
+Using SuperLink: local (127.0.0.1:43811)
+Successfully started run 14299986606999702064
+\x1b[92mINFO \x1b[0m:      Starting Flower Simulation
+\x1b[92mINFO \x1b[0m:      Federation `@none/default` (2 simulated SuperNodes)
+fedpriv: error: experiment config 'nosuch.toml' (run config key 'config') not found; tried /home/u/.flwr/apps/fedpriv/nosuch.toml, /home/u/fedpriv/nosuch.toml
+ERROR :     Simulation raised an exception
+Traceback (most recent call last):
+  File "/venv/lib/python3.11/site-packages/flwr/simulation/app.py", line 337, in run_simulation_process
+    simulation_result = _run_simulation(
+                        ^^^^^^^^^^^^^^^^
+  File "/venv/lib/python3.11/site-packages/flwr/serverapp/server_app.py", line 176, in __call__
+    self._main(grid, context)
+  File "/home/u/fedpriv/fedpriv/engines/flower/apps.py", line 94, in resolve_config_path
+    raise ConfigError(f"experiment config {path!r} (run config key 'config') not found; tried " + ", ".join(str(t) for t in tried))
+fedpriv.errors.ConfigError: experiment config 'nosuch.toml' (run config key 'config') not found; tried /home/u/.flwr/apps/fedpriv/nosuch.toml, /home/u/fedpriv/nosuch.toml
+ERROR :     Exit Code: 700
+
+An unhandled exception occurred when running the simulation.
+"""
+
+
+def test_a_failed_serverapps_traceback_goes_to_the_run_log_not_the_terminal(tmp_path):
+    out = io.StringIO()
+    log = RunLog(out, tmp_path / "runs")
+    assert relay(io.StringIO(STREAM), log) == 14299986606999702064
+    kept = tmp_path / "runs" / "flwr-run-14299986606999702064.log"
+    assert log.path == kept and kept.read_text() == STREAM and log.tracebacks == 1
+    shown = out.getvalue()
+    assert "Traceback" not in shown and "  File " not in shown and "fedpriv.errors.ConfigError" not in shown
+    lines = STREAM.splitlines(keepends=True)
+    start, end = lines.index("Traceback (most recent call last):\n"), lines.index("ERROR :     Exit Code: 700\n")
+    assert shown == "".join(lines[:start]) + f"(a Python traceback of {end - start} lines, kept in {kept})\n" + "".join(lines[end:])
+    assert shown.count("fedpriv: error: ") == 1  # the ServerApp's own line stays
+
+
+def test_chained_tracebacks_are_one_block_and_a_stream_without_a_run_id_is_still_kept(tmp_path):
+    chained = ("Traceback (most recent call last):\n  File \"a.py\", line 1, in f\nKeyError: 'x'\n\n"
+               "During handling of the above exception, another exception occurred:\n\n"
+               "Traceback (most recent call last):\n  File \"b.py\", line 2, in g\nValueError: y\n")
+    out = io.StringIO()
+    log = RunLog(out, tmp_path)
+    assert relay(io.StringIO("before\n" + chained), log) is None  # the stream ends inside the block
+    assert out.getvalue() == f"before\n(a Python traceback of 9 lines, kept in {log.path})\n"
+    assert log.path.parent == tmp_path and log.path.name.startswith("flwr-run-unknown-") and log.path.read_text() == "before\n" + chained
+    plain = io.StringIO()
+    relay(io.StringIO("Successfully started run 7\nall fine\n"), RunLog(plain, tmp_path))
+    assert plain.getvalue() == "Successfully started run 7\nall fine\n" and (tmp_path / "flwr-run-7.log").read_text() == plain.getvalue()
+
+
+def test_fedpriv_flwr_run_shows_no_traceback_and_names_the_log_that_keeps_it(fake_flwr, capsys, monkeypatch, tmp_path):
+    (tmp_path / "stream.txt").write_text(STREAM.split("Successfully started run 14299986606999702064\n")[1])
+    monkeypatch.setenv("FAKE_STREAM", str(tmp_path / "stream.txt"))
+    monkeypatch.setenv("FAKE_STATUS", "finished:failed")
+    monkeypatch.setenv("FAKE_DETAILS", "Simulation failed with exception: experiment config 'nosuch.toml' (run config key 'config') not found")
+    assert main(["flwr-run"]) == 2
+    captured = capsys.readouterr()
+    kept = Path("runs") / "flwr-run-4242.log"
+    assert "Traceback" not in captured.out + captured.err and f"(a Python traceback of 9 lines, kept in {kept})\n" in captured.out
+    assert captured.err.count("\n") == 1 and f"the whole log, Flower's traceback included: {kept};" in captured.err, captured.err
+    assert "Traceback (most recent call last):" in kept.read_text() and kept.read_text().startswith("Successfully started run 4242\n")

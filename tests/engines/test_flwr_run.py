@@ -131,7 +131,8 @@ def test_a_run_that_loses_every_supernode_exits_0_from_flwr_run_and_2_from_fedpr
     with local_flower(home) as env:
         flwr = subprocess.run([str(FLWR), "run", ".", "--stream", "--run-config", overrides, "--federation-config", federation],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        wrapped = subprocess.run([sys.executable, "-m", "fedpriv.cli", "flwr-run", ".", "--run-config", overrides, "--federation-config", federation],
+        wrapped = subprocess.run([sys.executable, "-m", "fedpriv.cli", "flwr-run", ".", "--run-config", overrides, "--federation-config", federation,
+                                  "--log-dir", str(tmp_path / "logs")],
                                  cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = flwr.stdout + flwr.stderr
     # Flower's behaviour: the stream ends with the ServerApp's failure, the exit code is 0.
@@ -144,6 +145,11 @@ def test_a_run_that_loses_every_supernode_exits_0_from_flwr_run_and_2_from_fedpr
     errors = [line for line in wrapped.stderr.splitlines() if line.startswith("fedpriv:")]
     run_id = wrapped.stdout.split("Successfully started run ")[1].split()[0]
     assert errors == [f"fedpriv: error: Flower run {run_id} ended finished:failed: Simulation failed with exception: {LOST} "
-                      f"(the log above has the details; `flwr list --run-id {run_id}`)"], wrapped.stderr
+                      f"(the log above has the details; the whole log, Flower's traceback included: {tmp_path / 'logs' / f'flwr-run-{run_id}.log'}; "
+                      f"`flwr list --run-id {run_id}`)"], wrapped.stderr
     assert "Traceback" not in wrapped.stderr, wrapped.stderr
+    # issue 31: Flower's traceback is kept in the run log, not shown on the terminal.
+    kept = tmp_path / "logs" / f"flwr-run-{run_id}.log"
+    assert "Traceback" not in wrapped.stdout and f"kept in {kept})\n" in wrapped.stdout, wrapped.stdout
+    assert "Traceback (most recent call last):" in kept.read_text() and f"fedpriv: error: {LOST}\n" in kept.read_text()
     assert not _local_superlinks(home)

@@ -159,6 +159,7 @@ def test_batch_sweep_scales_sigma_with_sqrt_b():
         (dict(noise_multiplier=0.0), "noise_multiplier"),
         (dict(noise_multiplier=-1.0), "noise_multiplier"),
         (dict(noise_multiplier=float("nan")), "noise_multiplier"),
+        (dict(noise_multiplier=1e308), "noise_multiplier must be <= 1e\\+06"),  # (an OverflowError in the RDP accountant, issue 31)
         (dict(steps=0), "steps"),
         (dict(population=0), "population"),
         (dict(batch=0), "batch"),
@@ -184,6 +185,14 @@ def test_bad_delta_and_epsilon(delta):
         epsilon_for(ev, delta)
     with pytest.raises(PrivacyParameterError, match="epsilon must be > 0"):
         delta_for(ev, -delta - 1)
+
+
+@pytest.mark.parametrize("epochs, batches, message", [(0.0, [10.0], "epochs must be > 0"), (float("inf"), [10.0], "epochs must be > 0"),
+                                                      (1.0, [float("nan")], "batch must be > 0"), (1.0, [1e-310], "steps overflows")])
+def test_a_batch_sweep_refuses_epochs_and_batches_that_give_no_step_count(epochs, batches, message):
+    """epochs = 0 used to be shown as 1 step; inf, nan and a subnormal batch ended in OverflowError/ValueError (issue 31)."""
+    with pytest.raises(PrivacyParameterError, match=message):
+        batch_size_sweep(GaussianSteps("poisson", 1.0, 1000, 10, 10), batches, 1e-5, epochs)
 
 
 def test_ledger_merges_saves_and_answers(tmp_path):

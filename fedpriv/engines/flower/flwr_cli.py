@@ -15,8 +15,11 @@ still exits 0.
 for the run's status (``flwr list CONNECTION --run-id N --format json``) and raises
 :class:`~fedpriv.errors.FedprivError` unless it is ``finished:completed``, so that ``fedpriv
 flwr-run`` ends with one line ``fedpriv: error: Flower run N ended finished:failed: ...`` and
-exit code 2. It also puts this environment's ``bin`` on ``PATH`` (``flwr`` starts
-``flower-superlink`` by name) and sets ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` unless
+exit code 2. The streamed log goes to the terminal without Python tracebacks (a failed
+ServerApp's, printed by Flower after fedpriv's one-line error): :class:`RunLog` keeps the whole
+stream, tracebacks included, in ``runs/flwr-run-RUN_ID.log`` under the working directory
+(``--log-dir``) and names that file where a traceback was left out. It also puts this
+environment's ``bin`` on ``PATH`` (``flwr`` starts ``flower-superlink`` by name) and sets ``FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1`` unless
 it is set.
 """
 
@@ -27,7 +30,8 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TextIO
 
@@ -36,6 +40,91 @@ from fedpriv.errors import FedprivError
 
 STARTED = re.compile(r"Successfully started run (\d+)")
 COMPLETED = "finished:completed"
+
+
+TRACEBACK = "Traceback (most recent call last):"
+#: Lines that join two tracebacks of one chained exception.
+CHAINED = ("During handling of the above exception, another exception occurred:", "The above exception was the direct cause of the following exception:")
+
+
+class RunLog:
+    """The streamed log of a ``flwr run``: every line to ``runs/flwr-run-RUN_ID.log`` (under
+    ``root``), every line but Python tracebacks to ``out``. A traceback runs from its ``Traceback
+    (most recent call last):`` line through its indented frames to the exception's line (chained
+    ones included); ``out`` gets one line naming the log file in its place. Lines before the run
+    id is known are held, then written."""
+
+    def __init__(self, out: TextIO, root: Path):
+        self.out, self.root = out, root
+        root.mkdir(parents=True, exist_ok=True)  # (a folder that cannot be made: refused before Flower starts)
+        self.path: Path | None = None
+        self._held: list[str] = []
+        self._file: TextIO | None = None
+        self._state = "text"  # text | frames (inside a traceback) | after (its exception line seen)
+        self._hidden = 0
+        self.tracebacks = 0
+
+    def start(self, run_id: int | str) -> None:
+        """Open ``flwr-run-RUN_ID.log`` and write the lines held so far."""
+        if self._file is None:
+            self.path = self.root / f"flwr-run-{run_id}.log"
+            self._file = open(self.path, "w", encoding="utf-8")
+            self._file.writelines(self._held)
+            self._held.clear()
+
+    def write(self, line: str) -> None:
+        if self._file is not None:
+            self._file.write(line)
+            self._file.flush()
+        else:
+            self._held.append(line)
+        text = line.rstrip("\n")
+        if self._state == "text":
+            if text.startswith(TRACEBACK):
+                self._state, self._hidden = "frames", 0
+        elif self._state == "frames":
+            if text and not text[0].isspace():
+                self._state = "after"  # the exception's line: the last of the traceback
+        elif text.startswith(TRACEBACK):
+            self._state = "frames"  # a chained exception's next traceback
+        elif text.strip() and text.strip() not in CHAINED:
+            self._state = "text"
+            self._say_hidden()
+        if self._state == "text":
+            self.out.write(line)
+            self.out.flush()
+        else:
+            self._hidden += 1
+
+    def _say_hidden(self) -> None:
+        self.tracebacks += 1
+        where = self.path if self.path is not None else self.root / "flwr-run-RUN_ID.log"
+        self.out.write(f"(a Python traceback of {self._hidden} lines, kept in {where})\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        if self._file is None and (self.tracebacks or self._state != "text"):  # no run id: still keep what was left out
+            self.start(time.strftime("unknown-%Y%m%dT%H%M%S"))
+        if self._state != "text":
+            self._state = "text"
+            self._say_hidden()
+        if self._file is not None:
+            self._file.close()
+
+
+def relay(lines: Iterable[str], log: RunLog) -> int | None:
+    """Each line of ``flwr run``'s output into ``log`` (its file named by the run id once a line
+    says it); the run id, or None."""
+    run_id = None
+    try:
+        for line in lines:
+            if run_id is None and (m := STARTED.search(line)):
+                run_id = int(m.group(1))
+                log.start(run_id)
+            log.write(line)
+    finally:
+        log.close()
+    return run_id
 
 
 def flwr_env(env: dict[str, str] | None = None) -> dict[str, str]:
@@ -87,21 +176,19 @@ def flwr_run(
     env: dict[str, str] | None = None,
     cwd: str | os.PathLike[str] | None = None,
     out: TextIO | None = None,
+    log_dir: str | os.PathLike[str] = "runs",
 ) -> int:
-    """``flwr run APP [CONNECTION] --stream ...`` (stdout passed through to ``out``, stderr
-    inherited); the run's id once it completed. Raises :class:`FedprivError` when ``flwr run``
+    """``flwr run APP [CONNECTION] --stream ...`` (stdout passed through to ``out`` without
+    tracebacks, all of it kept in ``LOG_DIR/flwr-run-RUN_ID.log``, LOG_DIR relative to ``cwd``;
+    stderr inherited); the run's id once it completed. Raises :class:`FedprivError` when ``flwr run``
     fails, or when the run ended other than ``finished:completed`` (naming the status and
     Flower's details, which hold the ServerApp's error)."""
     out = out or sys.stdout
     env = flwr_env(env)
-    run_id = None
+    log = RunLog(out, Path(cwd or ".") / log_dir)
     with subprocess.Popen(flwr_run_argv(app, connection, run_config, federation_config, federation), stdout=subprocess.PIPE, text=True, errors="replace", env=env, cwd=cwd) as proc:
         assert proc.stdout is not None
-        for line in proc.stdout:
-            out.write(line)
-            out.flush()
-            if run_id is None and (m := STARTED.search(line)):
-                run_id = int(m.group(1))
+        run_id = relay(proc.stdout, log)
     if proc.returncode != 0:
         raise FedprivError(f"`flwr run` exited with code {proc.returncode} (its message is above)")
     if run_id is None:
@@ -109,5 +196,6 @@ def flwr_run(
     status, details = run_status(run_id, connection, env, cwd)
     if status != COMPLETED:
         why = details.replace("\r", " ").replace("\n", " ").strip()
-        raise FedprivError(f"Flower run {run_id} ended {status or 'without a status'}" + (f": {why}" if why else "") + f" (the log above has the details; `flwr list --run-id {run_id}`)")
+        kept = f"; the whole log, Flower's traceback included: {log.path}" if log.tracebacks else ""
+        raise FedprivError(f"Flower run {run_id} ended {status or 'without a status'}" + (f": {why}" if why else "") + f" (the log above has the details{kept}; `flwr list --run-id {run_id}`)")
     return run_id

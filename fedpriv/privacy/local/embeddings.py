@@ -135,9 +135,9 @@ def load_glove(path: str | os.PathLike[str], max_words: int | None = None) -> Em
     A first line of exactly two integers (word2vec's ``count dim`` header) is skipped. Blank lines
     are skipped. A word may contain spaces (some GloVe releases have such entries): the last d
     fields are the vector. ``max_words`` keeps the first N vectors (GloVe files are ordered by
-    frequency). A repeated word keeps its first vector (later ones are counted in ``info``).
-    Malformed lines raise :class:`DataFormatError` naming the file and the 1-based line: too few
-    or too many fields for the dimension, a value that is not a finite number, invalid UTF-8."""
+    frequency). Malformed lines raise :class:`DataFormatError` naming the file and the 1-based
+    line: too few or too many fields for the dimension, a value that is not a finite number,
+    invalid UTF-8, a word given a second vector (naming its first line)."""
     p = Path(path)
     if not p.is_file():
         raise FedprivError(f"{p}: no such embeddings file")
@@ -145,8 +145,7 @@ def load_glove(path: str | os.PathLike[str], max_words: int | None = None) -> Em
         raise FedprivError(f"max_words must be >= 1, got {max_words}")
     words: list[str] = []
     rows: list[np.ndarray] = []
-    seen: set[str] = set()
-    duplicates = 0
+    seen: dict[str, int] = {}  # word -> its line
     dim: int | None = None
     with open(p, "rb") as f:
         for n, raw in enumerate(f, start=1):
@@ -179,9 +178,8 @@ def load_glove(path: str | os.PathLike[str], max_words: int | None = None) -> Em
             if not np.all(np.isfinite(vec)) or np.any(np.abs(vec) > 3.0e38):
                 raise DataFormatError(p, n, "non-finite value in the vector")
             if word in seen:
-                duplicates += 1
-                continue
-            seen.add(word)
+                raise DataFormatError(p, n, f"{word[:40]!r} has a second vector (its first is on line {seen[word]}); an embedding file gives each word one vector")
+            seen[word] = n
             words.append(word)
             rows.append(vec.astype(np.float32))
             if max_words is not None and len(words) >= max_words:
@@ -201,7 +199,7 @@ def load_glove(path: str | os.PathLike[str], max_words: int | None = None) -> Em
         allowed,
         len(words),
         source=f"glove {p}",
-        info={"kind": "glove-text", "vectors": len(words), "duplicates_skipped": duplicates, "not_output": len(words) - len(allowed)},
+        info={"kind": "glove-text", "vectors": len(words), "not_output": len(words) - len(allowed)},
     )
 
 
