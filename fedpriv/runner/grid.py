@@ -30,8 +30,10 @@ A run can start from an earlier run of the same experiment: ``task.options.pretr
 "run:NAME"`` (a BERT chain: pretrain, continue pretraining, fine-tune) names the run ``NAME``
 of this experiment, which must come earlier in the file; the store resolves it to that run's
 directory (:func:`resolve_run_refs`) and composes the privacy of the chain in its report.
-``privatize.embeddings = "run:NAME"`` (local privatization with the embeddings of an earlier run)
-is resolved the same way.
+``privatize.embeddings = "run:NAME"`` (local privatization with the embeddings of an earlier run),
+``init.from = "run:NAME"`` (a warm start from an earlier run's final parameters) and
+``utility.above = "run:NAME"`` (a target set above an earlier run's final validation utility) are
+resolved the same way.
 
 After the runs, ``[[measure]]`` entries (see :class:`fedpriv.config.MeasureConfig`) measure what
 eta means on an embedding space: plausible deniability and token inversion (Qu et al. 2021, sec.
