@@ -39,7 +39,10 @@ class Prepared:
     def save_assets(self, run_dir: str | os.PathLike[str]) -> None:
         """What an audit or a later run needs besides the parameters: the task's assets (e.g. a
         tokenizer), the canary manifest, and ``privatize.json`` (the local-privacy stage: mechanism,
-        parameters, embeddings and guarantee), and ``data.json`` (:attr:`data`)."""
+        parameters, embeddings and guarantee), and ``data.json`` (:attr:`data`). Vocabulary files
+        that differ from the digests the run's ``config.json`` recorded are refused first
+        (:meth:`fedpriv.rundir.RunDir.check_assets`)."""
+        RunDir(run_dir).check_assets()
         self.task.save_assets(run_dir)
         if self.canaries is not None:
             self.canaries.save(run_dir)
