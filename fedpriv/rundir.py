@@ -306,11 +306,14 @@ def _command() -> str:
 
 
 @contextmanager
-def hold(path: str | os.PathLike[str], kind: str = "run") -> Iterator[Path]:
-    """Own the folder ``path`` (a run directory or store) while the block runs: :func:`claim` it,
-    then take an exclusive OS advisory lock (``flock``) on its :data:`LOCK` file, which holds this
+def hold(path: str | os.PathLike[str], kind: str = "run", create: bool = True) -> Iterator[Path]:
+    """Own the folder ``path`` (a run directory or store) while the block runs: :func:`claim` it
+    (``create`` False: it must be a fedpriv folder of ``kind`` already, e.g. a run to audit), then take an exclusive OS advisory lock (``flock``) on its :data:`LOCK` file, which holds this
     process's pid and command. Another process holding it makes this one refuse at once, in one
     line naming that process. The OS releases the lock when the process exits, even on ``kill -9``."""
+    if not create and marker_kind(path) != kind:
+        why = "does not exist" if not Path(path).exists() else f"has no {MARKER} marker of a fedpriv {KINDS[kind]}"
+        raise FedprivError(f"{path}: not a fedpriv {KINDS[kind]} ({why}; a folder fedpriv wrote before it marked its folders must be trained again)")
     path = claim(path, kind)
     key = os.path.realpath(path)
     if key in _HELD:

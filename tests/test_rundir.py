@@ -24,7 +24,7 @@ def test_checkpoints_replace_each_other_whole_and_damage_is_named(tmp_path):
     # msgpack, not pickle: the bytes are plain serialized arrays
     assert serialization.msgpack_restore((tmp_path / "checkpoint-4.msgpack").read_bytes())["n"]["b"].tolist() == [1.0, 1.0]
     (tmp_path / "checkpoint-4.msgpack").write_bytes(b"garbage")
-    with pytest.raises(DataFormatError, match="unreadable checkpoint"):
+    with pytest.raises(DataFormatError, match="SHA-256 is not the one checkpoint.json records for step 4"):
         run.load_checkpoint(state)
     (tmp_path / CHECKPOINT).write_text("{")
     with pytest.raises(DataFormatError, match="unreadable checkpoint"):

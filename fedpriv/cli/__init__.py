@@ -182,11 +182,11 @@ def config_check(
 def _naming(path: Path) -> Iterator[None]:
     """Errors inside name ``path`` (the config they come from) unless they already do, or name
     the run directory they are about."""
-    from fedpriv.errors import ConfigChanged, TrainingDiverged
+    from fedpriv.errors import ConfigChanged, RunDirInUse, TrainingDiverged
 
     try:
         yield
-    except (ConfigChanged, TrainingDiverged):
+    except (ConfigChanged, TrainingDiverged, RunDirInUse):
         raise
     except FedprivError as e:
         if str(path) in str(e):
@@ -204,7 +204,7 @@ _RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's
 def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
     from fedpriv.config import check_kind, load_config
-    from fedpriv.rundir import RunDir
+    from fedpriv.rundir import RunDir, hold
     from fedpriv.runner.dispatch import train_run
     from fedpriv.runner.prepare import prepare
     from fedpriv.runner.summary import train_summary
@@ -214,11 +214,21 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
     check_kind(cfg, kind, str(config))
     default = Path("runs") / (cfg.name if kind == "central" else f"{cfg.name}-federated")
     run_dir = out_dir or default
-    if restart:
-        RunDir(run_dir).reset()
-    prepared = prepare(cfg, log=say)
-    result = train_run(prepared, run_dir, kind, engine, stop_after, say)
-    return train_summary(prepared, kind, run_dir, result, engine)
+    with hold(run_dir, "run"):  # one process per run directory; a folder that is not a run is refused
+        if restart:
+            RunDir(run_dir).reset()
+        prepared = prepare(cfg, log=say)
+        result = train_run(prepared, run_dir, kind, engine, stop_after, say)
+        return train_summary(prepared, kind, run_dir, result, engine)
+
+
+def _out_option(value: Optional[str]) -> Optional[Path]:
+    """An ``--out`` value as a path; the empty string (it would mean the current directory) is refused."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise FedprivError("--out '': an empty path names no folder (it would write into the current directory); give a folder")
+    return Path(value)
 
 
 def _print_summary(title: str, summary: dict) -> None:
@@ -235,7 +245,7 @@ def _print_summary(title: str, summary: dict) -> None:
 @train_app.command("central")
 def train_central_cmd(
     config: Path = typer.Argument(..., help="Experiment TOML with [data], [task] and [training]."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed."),
+    out: Optional[str] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed; a non-empty folder that is not a fedpriv run is refused."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
     restart: bool = _RESTART,
@@ -243,7 +253,7 @@ def train_central_cmd(
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
     with _naming(config):
-        summary = _train(config, "central", out, None, as_json, stop_after, set_, restart)
+        summary = _train(config, "central", _out_option(out), None, as_json, stop_after, set_, restart)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -254,7 +264,7 @@ def train_central_cmd(
 def train_federated_cmd(
     config: Path = typer.Argument(..., help="Experiment TOML with a [federated] section."),
     engine: Optional[str] = typer.Option(None, "--engine", help="vectorized (in-process JAX) or flower (Flower simulation); default: the config's federated.engine."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed."),
+    out: Optional[str] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed; a non-empty folder that is not a fedpriv run is refused."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
     restart: bool = _RESTART,
@@ -262,7 +272,7 @@ def train_federated_cmd(
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
     with _naming(config):
-        summary = _train(config, "federated", out, engine, as_json, stop_after, set_, restart)
+        summary = _train(config, "federated", _out_option(out), engine, as_json, stop_after, set_, restart)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -272,7 +282,7 @@ def train_federated_cmd(
 @app.command("run")
 def run_cmd(
     experiment: Path = typer.Argument(..., help="Experiment TOML with [[runs]] (see experiments/demo.toml)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes; a non-empty folder that is not a fedpriv store is refused."),
     set_: list[str] = typer.Option([], "--set", help="Override an experiment key, KEY=VALUE (repeatable), e.g. --set data.source=Posts.xml."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
@@ -286,7 +296,7 @@ def run_cmd(
     say = None if as_json else _say
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     with _naming(experiment):
-        store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_, "--set"), stop_after, say, restart, names)
+        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), parse_options(set_, "--set"), stop_after, say, restart, names)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -331,11 +341,12 @@ def flwr_run_cmd(
 @app.command("report")
 def report_cmd(
     store: Path = typer.Argument(..., help="A run store written by fedpriv run."),
+    force: bool = typer.Option(False, "--force", help="Write STORE/report/ even when it holds files fedpriv's report did not write."),
 ) -> None:
-    """Write the comparison report of a run store: Markdown and CSV tables, PNG plots."""
+    """Write the comparison report of a run store into STORE/report/: Markdown and CSV tables, PNG plots."""
     from fedpriv.report.tables import write_report
 
-    written = write_report(store)
+    written = write_report(store, force=force)
     out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
     out.print(f"report: {written}")
 
@@ -352,10 +363,18 @@ def audit_cmd(
     secret sharer's exposure (masked LM); Random Sampling by the task's loss (plug-in tasks).
     Writes audit.json and audit.md into RUN_DIR. With --empirical: the one-run lower bound on
     epsilon from the audit canaries, beside the accountant's epsilon, into empirical.json."""
-    from fedpriv.rundir import AUDIT_MD, EMPIRICAL
+    from fedpriv.rundir import AUDIT_MD, EMPIRICAL, hold
     from fedpriv.runner.audit import audit_run, empirical_audit
 
     say = None if as_json else _say
+    with hold(run_dir, "run", create=False):  # it writes into the run: no trainer may be writing it
+        _audit(run_dir, as_json, candidates, empirical, set_, say)
+
+
+def _audit(run_dir: Path, as_json: bool, candidates: Optional[int], empirical: bool, set_: list[str], say) -> None:
+    from fedpriv.rundir import AUDIT_MD, EMPIRICAL
+    from fedpriv.runner.audit import audit_run, empirical_audit
+
     if empirical:
         report = empirical_audit(run_dir, say)
         if as_json:
@@ -404,7 +423,7 @@ def _print_audit(report: dict) -> None:
 @app.command("demo")
 def demo(
     config: Path = typer.Option(Path("experiments/demo.toml"), "--config", help="Experiment to run."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     set_: list[str] = _set_option(),
     only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME]."),

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.config import ExperimentConfig, check_kind, load_config, read_toml
-from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, TrainingDiverged
+from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, RunDirInUse, TrainingDiverged
 from fedpriv.training.prepared import Prepared
 
 
@@ -41,7 +41,7 @@ def in_run(where: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, a FedprivError's message prefixed with ``where`` (the run it belongs to)."""
     try:
         return fn(*args)
-    except (TrainingDiverged, ConfigChanged):
+    except (TrainingDiverged, ConfigChanged, RunDirInUse):
         raise
     except FedprivError as e:
         if where in str(e):
