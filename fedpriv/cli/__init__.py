@@ -11,6 +11,7 @@ one of its keys. Known-harmless third-party messages are filtered (:mod:`fedpriv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -62,6 +63,11 @@ def _say(message: str) -> None:
 
 def _set_option():
     return typer.Option([], "--set", help="Override a config key, KEY=VALUE (repeatable; VALUE read as JSON when it parses), e.g. --set training.steps=100.")
+
+
+_ALLOW_LARGE_DELTA = typer.Option(
+    False, "--allow-large-delta", help="Go on even when delta >= 1/N of the privacy unit (refused otherwise: publishing one record in the clear meets such a guarantee); the guarantee is printed with what it means."
+)
 
 
 def _version(value: bool) -> None:
@@ -143,6 +149,7 @@ def config_check(
     path: Path = typer.Argument(..., help="An experiment TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
     static: bool = typer.Option(False, "--static", help="Check the keys only; do not load the data (cohort and batch sizes, calibration are not checked)."),
+    allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
 ) -> None:
     """Validate an experiment config (or an experiment with [[runs]], every run resolved) with
@@ -152,7 +159,7 @@ def config_check(
     from fedpriv.runner.checks import check_file
 
     with _naming(path):
-        checked = check_file(path, static, overrides=parse_options(set_, "--set"))
+        checked = check_file(path, static, overrides=parse_options(set_, "--set"), allow_large_delta=allow_large_delta)
     runs = checked.runs
     for r in runs:
         for w in r.warnings:
@@ -201,7 +208,8 @@ def _warn(message: str) -> None:
 _RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's checkpoint, metrics and parameters first (needed after a config change or a failed run).")
 
 
-def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False) -> dict:
+def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False,
+           allow_large_delta: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
     from fedpriv.config import check_kind, load_config
     from fedpriv.rundir import RunDir, hold
@@ -217,7 +225,7 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
     with hold(run_dir, "run"):  # one process per run directory; a folder that is not a run is refused
         if restart:
             RunDir(run_dir).reset()
-        prepared = prepare(cfg, log=say)
+        prepared = dataclasses.replace(prepare(cfg, log=say), allow_large_delta=allow_large_delta)
         result = train_run(prepared, run_dir, kind, engine, stop_after, say)
         return train_summary(prepared, kind, run_dir, result, engine)
 
@@ -249,11 +257,12 @@ def train_central_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
     restart: bool = _RESTART,
+    allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
     with _naming(config):
-        summary = _train(config, "central", _out_option(out), None, as_json, stop_after, set_, restart)
+        summary = _train(config, "central", _out_option(out), None, as_json, stop_after, set_, restart, allow_large_delta)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -268,11 +277,12 @@ def train_federated_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
     restart: bool = _RESTART,
+    allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
     with _naming(config):
-        summary = _train(config, "federated", _out_option(out), engine, as_json, stop_after, set_, restart)
+        summary = _train(config, "federated", _out_option(out), engine, as_json, stop_after, set_, restart, allow_large_delta)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -289,6 +299,7 @@ def run_cmd(
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
     restart: bool = typer.Option(False, "--restart", help="Start runs whose config changed, and failed runs, afresh (finished unchanged runs are kept)."),
     only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
+    allow_large_delta: bool = _ALLOW_LARGE_DELTA,
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
     from fedpriv.runner.store import failures, run_experiment
@@ -296,7 +307,7 @@ def run_cmd(
     say = None if as_json else _say
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     with _naming(experiment):
-        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), parse_options(set_, "--set"), stop_after, say, restart, names)
+        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), parse_options(set_, "--set"), stop_after, say, restart, names, allow_large_delta)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -430,7 +441,7 @@ def demo(
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, set_, True, as_json, None, False, only)
+    run_cmd(config, out_dir, set_, True, as_json, None, False, only, False)
 
 
 def _one_line(message: str) -> str:

@@ -98,12 +98,14 @@ def run_experiment(
     log: Callable[[str], None] | None = None,
     restart: bool = False,
     only: list[str] | None = None,
+    allow_large_delta: bool = False,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
     (see the module docstring). ``stop_after``: stop the first run that trains once it has done
     this many more steps or rounds, with a checkpoint (a kill). ``restart``: start runs whose
     config changed, and failed runs, afresh. ``only``: these runs (by name) and no other; a run
-    they start from must be among them or finished already.
+    they start from must be among them or finished already. ``allow_large_delta``: a delta >= 1/N
+    warns instead of refusing (:func:`fedpriv.runner.checks.check_prepared`).
     Returns (store, summaries of the finished runs, whether every run finished or failed:
     :func:`failures` names the failed ones)."""
     say = log or (lambda _m: None)
@@ -114,11 +116,12 @@ def run_experiment(
     store = Path(store) if store is not None else Path("runs") / name
     chosen = select_runs(specs, only, lambda ref: RunDir(store / ref).has_summary())
     with hold(store, "store"):  # one process per store; a folder that is not a store is refused
-        return _run_store(path, store, experiment, chosen, stop_after, say, restart, only, log, overrides)
+        return _run_store(path, store, experiment, chosen, stop_after, say, restart, only, log, overrides, allow_large_delta)
 
 
 def _run_store(path, store: Path, experiment, chosen: list[RunSpec], stop_after: int | None, say: Callable[[str], None], restart: bool,
-               only: list[str] | None, log: Callable[[str], None] | None, overrides: dict[str, Any] | None) -> tuple[Path, list[dict[str, Any]], bool]:
+               only: list[str] | None, log: Callable[[str], None] | None, overrides: dict[str, Any] | None,
+               allow_large_delta: bool = False) -> tuple[Path, list[dict[str, Any]], bool]:
     """:func:`run_experiment`'s body, under the store's lock."""
     name, specs, measures = experiment.name, experiment.runs, experiment.measures
     fresh = check_store(store, name, specs, restart)
@@ -167,7 +170,7 @@ def _run_store(path, store: Path, experiment, chosen: list[RunSpec], stop_after:
             key = data_key(spec.config)
             where = f"{path}: run {spec.name!r}"
             if key not in prepared_by_key:
-                prepared_by_key[key] = in_run(where, prepare, spec.config, prefixed)
+                prepared_by_key[key] = dataclasses.replace(in_run(where, prepare, spec.config, prefixed), allow_large_delta=allow_large_delta)
             tuned = None
             if spec.tune:  # learning rates chosen on the validation users; recorded in STORE/tune/
                 tuned = in_run(where, tune_run, spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)

@@ -35,6 +35,8 @@ class Prepared:
     audit_canaries: AuditCanaries | None = None
     #: What preparing decided on its own: notes, examples cut per split (:func:`fedpriv.runner.prepare.data_record`).
     data: dict[str, Any] | None = None
+    #: The user allowed a delta >= 1/N (``--allow-large-delta``): checked data warns instead of refusing.
+    allow_large_delta: bool = False
 
     def save_assets(self, run_dir: str | os.PathLike[str]) -> None:
         """What an audit or a later run needs besides the parameters: the task's assets (e.g. a
