@@ -269,13 +269,13 @@ def marker_kind(path: str | os.PathLike[str]) -> str | None:
     return kind if kind in KINDS else None
 
 
-def claim(path: str | os.PathLike[str], kind: str, force: bool = False) -> Path:
+def claim(path: str | os.PathLike[str], kind: str, force: bool = False, create: bool = True) -> Path:
     """Make ``path`` a fedpriv folder of ``kind`` (see :data:`KINDS`), or refuse in one line.
 
     A missing or empty folder is made and marked; a folder marked ``kind`` is taken as it is; a
     folder of another fedpriv kind is always refused, and a non-empty folder without a marker
     (the user's files, or a run written before fedpriv marked its folders) is refused unless
-    ``force`` (then it is marked)."""
+    ``force`` (then it is marked). ``create`` False: only check (nothing is made or marked)."""
     path = Path(path)
     what = KINDS[kind]
     if path.exists() and not path.is_dir():
@@ -291,6 +291,8 @@ def claim(path: str | os.PathLike[str], kind: str, force: bool = False) -> Path:
             f"{path}: not empty and not a fedpriv {what} (no {MARKER} marker); fedpriv writes only into its own folders: "
             f"{hint} a new or empty folder (a folder fedpriv wrote before it marked its folders: train it again into a new one)"
         )
+    if not create:
+        return path
     path.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path / MARKER, {"fedpriv": kind, "note": f"this folder is a fedpriv {what}; fedpriv writes into it"})
     return path

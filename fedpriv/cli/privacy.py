@@ -117,7 +117,7 @@ def _delta_vs_population(delta: Optional[float], population: int, unit: str, all
     """Refuse a delta >= 1/N unless ``allow``; then the note saying what it means (for the answer's extras)."""
     from fedpriv.privacy.delta import large_delta_note, large_delta_problem
 
-    if delta is None:
+    if delta is None or not 0.0 < delta < 1.0:  # (a delta outside (0, 1) is refused by the accountant, naming its range)
         return {}
     problem = large_delta_problem("--delta", delta, population, unit)
     if problem and not allow:
