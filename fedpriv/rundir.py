@@ -560,13 +560,14 @@ class RunDir:
         if rec["steps"] != meta["step"]:
             raise DataFormatError(path, None, f"step {meta['step']} but its privacy ledger record counts {rec['steps']} steps: the checkpoint record was edited; {OLD_RUN_HINT}")
         ledger = self.path / LEDGER
-        if not ledger.is_file() or sha256_file(ledger) == rec["sha256"]:
+        if not ledger.is_file():
             return
         from fedpriv.privacy.ledger import PrivacyLedger
 
         steps = PrivacyLedger.load(ledger).steps
-        if steps >= rec["steps"]:
-            raise DataFormatError(ledger, None, f"holds {steps} steps but is not the ledger {CHECKPOINT} records for step {meta['step']} (edited?); {OLD_RUN_HINT}")
+        if steps < rec["steps"] or (steps == rec["steps"] and sha256_file(ledger) == rec["sha256"]):
+            return
+        raise DataFormatError(ledger, None, f"holds {steps} steps but is not the ledger {CHECKPOINT} records for step {meta['step']} (edited?); {OLD_RUN_HINT}")
 
     def verify_params(self) -> None:
         """Refuse ``params.msgpack`` when its SHA-256 is not the one ``checkpoint.json`` records."""
@@ -607,13 +608,13 @@ class RunDir:
 
     # ---- parameters -------------------------------------------------------------------------------
     def write_params(self, params: Any) -> None:
-        """``params.msgpack``, and its SHA-256 into ``checkpoint.json`` (the run's last checkpoint, of
-        the same parameters)."""
+        """``params.msgpack``, its SHA-256 recorded first in ``checkpoint.json`` (the run's last
+        checkpoint, of the same parameters)."""
         data = to_msgpack(params)
-        write_bytes_atomic(self.path / PARAMS, data)
         meta = self.checkpoint_meta()
-        if meta is not None:
+        if meta is not None:  # the digest first: a kill between the two writes leaves no parameters without it
             write_json_atomic(self.path / CHECKPOINT, {**meta, "params_sha256": sha256_bytes(data)}, indent=1)
+        write_bytes_atomic(self.path / PARAMS, data)
 
     def has_params(self) -> bool:
         return self.has(PARAMS)

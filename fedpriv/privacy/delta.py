@@ -29,7 +29,7 @@ def large_delta_problem(key: str, delta: float, n: int, unit: str) -> str | None
 def large_delta_note(key: str, delta: float, n: int, unit: str) -> str:
     """What an allowed ``delta >= 1/n`` means, to print beside the guarantee."""
     return (f"{key} = {delta:g} >= 1/N = {1.0 / n:.3g} (N = {n} {unit}s), allowed by {ALLOW_FLAG}: this guarantee does not rule out "
-            f"publishing a {unit}'s data in the clear; it is no privacy guarantee for any one {unit}")
+            f"publishing one {unit}'s data in the clear; it is no privacy guarantee for any one {unit}")
 
 
 def _suggest(n: int) -> float:
