@@ -303,8 +303,11 @@ _HELD: dict[str, list[int]] = {}
 
 
 def _command() -> str:
-    argv = [Path(sys.argv[0]).name if sys.argv else "python", *sys.argv[1:]]
-    return " ".join(argv)[:300]
+    """This process's command line, as the user typed it (``python -m fedpriv.cli`` shows as ``fedpriv``)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if name in ("__main__.py", "-c"):
+        name = "fedpriv"
+    return " ".join([name, *sys.argv[1:]])[:300]
 
 
 @contextmanager

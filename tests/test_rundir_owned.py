@@ -99,25 +99,31 @@ def test_a_locked_run_directory_is_refused_naming_the_holder_and_freed_by_kill_9
             pass
 
 
+#: The second trainer: the `fedpriv` entry point in a process that has imported it already and
+#: waits for a line on stdin, so that it reaches the run directory while the first still trains.
+SECOND = "import sys; from fedpriv.cli import main; sys.stdin.readline(); sys.exit(main(sys.argv[1:]))"
+
+
 @pytest.mark.slow
 def test_two_trainers_on_one_run_directory_the_second_refuses_and_the_first_ends_as_alone(tmp_path):
     """Case 1 end to end: `fedpriv train` twice on one --out (the second with another seed and noise,
     as in the issue): the second exits 2 in one line naming the first; the first ends with the
     same files as a run alone."""
-    config = _config(tmp_path, steps=30)
-    cmd = [sys.executable, "-m", "fedpriv.cli", "train", "central", str(config), "--json"]
+    config = _config(tmp_path, steps=60)
+    args = ["train", "central", str(config), "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     shared, alone = tmp_path / "shared", tmp_path / "alone"
-    first = subprocess.Popen([*cmd, "--out", str(shared)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    solo = subprocess.Popen([*cmd, "--out", str(alone)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    second = subprocess.Popen([sys.executable, "-c", SECOND, *args, "--out", str(shared), "--set", "seed=1", "--set", "privacy.noise_multiplier=0.5"],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    first = subprocess.Popen([sys.executable, "-m", "fedpriv.cli", *args, "--out", str(shared)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    solo = subprocess.Popen([sys.executable, "-m", "fedpriv.cli", *args, "--out", str(alone)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     deadline = time.time() + 300
     while not (shared / CHECKPOINT).exists() and first.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert first.poll() is None, "the first run ended before the second started; give it more steps"
-    second = subprocess.run([*cmd, "--out", str(shared), "--set", "seed=1", "--set", "privacy.noise_multiplier=0.5"],
-                            capture_output=True, text=True, env=env, timeout=300)
-    assert second.returncode == 2 and second.stderr.count("\n") == 1, second.stderr
-    assert second.stderr.startswith(f"fedpriv: error: {shared}: in use by pid {first.pid} (") and "train central" in second.stderr, second.stderr
+        time.sleep(0.01)
+    _, err = second.communicate("go\n", timeout=300)
+    assert first.poll() is None, "the first run ended before the second reached the folder; give it more steps"
+    assert second.returncode == 2 and err.count("\n") == 1, err
+    assert err.startswith(f"fedpriv: error: {shared}: in use by pid {first.pid} (fedpriv train central {config} --json --out {shared})"), err
     assert first.wait(timeout=300) == 0 and solo.wait(timeout=300) == 0, first.stderr.read()
     ours = {k: v for k, v in _files(shared).items() if k != LOCK}
     assert ours == {k: v for k, v in _files(alone).items() if k != LOCK}
@@ -346,7 +352,7 @@ def test_audits_refuse_non_finite_parameters_in_one_line(tmp_path, capsys):
     meta = json.loads((out / CHECKPOINT).read_text())
     (out / CHECKPOINT).write_text(json.dumps({**meta, "params_sha256": hashlib.sha256(data).hexdigest()}))
     for extra in (["--empirical"], []):
-        assert main(["audit", str(out), *extra]) == 2
+        assert main(["audit", str(out), "--json", *extra]) == 2
         assert "the final parameters hold non-finite values (NaN or infinity)" in _one_line_error(capsys)
     assert not (out / "empirical.json").exists() and not (out / "audit.json").exists()
 

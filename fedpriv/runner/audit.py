@@ -72,8 +72,11 @@ def private_run(cfg: ExperimentConfig) -> bool:
 
 def verify_run(run: RunDir, cfg: ExperimentConfig) -> None:
     """Refuse a run whose checkpoint, state file, privacy ledger, parameters or vocabulary
-    disagree with the digests recorded at training (:meth:`fedpriv.rundir.RunDir.verify`)."""
+    disagree with the digests recorded at training (:meth:`fedpriv.rundir.RunDir.verify`), or
+    whose final parameters are not finite; before any data is prepared."""
     run.verify(private_run(cfg))
+    if run.has_params():
+        check_finite_params(run, run.read_params_tree(), "final parameters")
 
 
 def check_finite_params(run: RunDir, params: Any, source: str) -> None:
