@@ -32,17 +32,15 @@ def sha256_file(path: str | os.PathLike[str]) -> str:
 
 def write_bytes_atomic(path: str | os.PathLike[str], data: bytes) -> Path:
     """Write ``data`` to ``path`` through ``PATH.partial`` and a rename: a crash leaves the old file
-    or the new one, never half. The partial file is created afresh (a stale one, or a link planted
-    under its name, is removed first, never followed) and never outlives a failed write (e.g.
+    or the new one, never half. The partial file is written afresh (a stale one, or a link planted
+    under its name, is removed first, not followed) and never outlives a failed write (e.g.
     ``path`` is a directory)."""
     path = Path(path)
     tmp = path.with_name(path.name + ".partial")
     try:
         if tmp.is_symlink() or tmp.is_file():
             tmp.unlink()
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        tmp.write_bytes(data)
         os.replace(tmp, path)
     except BaseException:
         if tmp.is_symlink() or tmp.is_file():

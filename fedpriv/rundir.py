@@ -285,7 +285,7 @@ def claim(path: str | os.PathLike[str], kind: str, force: bool = False, create: 
         return path
     if have is not None:
         raise FedprivError(f"{path}: is a fedpriv {KINDS[have]}, not a {what}; use another folder")
-    if path.is_dir() and any(p.name != LOCK for p in path.iterdir()) and not force:
+    if path.is_dir() and any(p.name not in (LOCK, MARKER + ".partial") for p in path.iterdir()) and not force:  # (a kill while marking)
         hint = "pass --force to write into it anyway, or choose" if kind in ("vocab", "report") else "choose"
         raise FedprivError(
             f"{path}: not empty and not a fedpriv {what} (no {MARKER} marker); fedpriv writes only into its own folders: "
