@@ -390,3 +390,17 @@ def test_an_atomic_write_onto_a_directory_leaves_no_partial_file(tmp_path):
     write_json_atomic(tmp_path / "target.json", {"x": 1})
     assert not (tmp_path / "elsewhere.json").exists() and json.loads((tmp_path / "target.json").read_text()) == {"x": 1}
     assert not (tmp_path / "target.json.partial").exists()
+
+
+@pytest.mark.slow
+def test_a_resume_with_another_vocabulary_keeps_the_runs_vocabulary(tmp_path, capsys):
+    """A resume whose config changed is refused before the run's vocab.json is written again (it
+    used to be replaced first, so the refused run no longer matched its own vocabulary)."""
+    config, out = _config(tmp_path), tmp_path / "run"
+    assert main(["train", "central", str(config), "--out", str(out), "--stop-after", "1", "--json"]) == 0
+    capsys.readouterr()
+    before = (out / WORD_VOCAB).read_bytes()
+    assert main(["train", "central", str(config), "--out", str(out), "--set", "vocab.size=50", "--json"]) == 2
+    assert "the config changed since this run started (vocab.size)" in _one_line_error(capsys)
+    assert (out / WORD_VOCAB).read_bytes() == before
+    RunDir(out).check_assets()

@@ -17,7 +17,7 @@ from fedpriv.memorization.canaries import Manifest
 from fedpriv.memorization.empirical import AuditCanaries
 from fedpriv.rundir import DATA, PRIVATIZE, RunDir
 from fedpriv.tasks.base import Batch, Task
-from fedpriv.training.loop import Target
+from fedpriv.training.loop import Target, check_resumable
 
 
 @dataclass
@@ -43,8 +43,13 @@ class Prepared:
         tokenizer), the canary manifest, and ``privatize.json`` (the local-privacy stage: mechanism,
         parameters, embeddings and guarantee), and ``data.json`` (:attr:`data`). Vocabulary files
         that differ from the digests the run's ``config.json`` recorded are refused first
-        (:meth:`fedpriv.rundir.RunDir.check_assets`)."""
-        RunDir(run_dir).check_assets()
+        (:meth:`fedpriv.rundir.RunDir.check_assets`), and so is a run to resume whose config changed
+        (the loop would refuse it; its vocabulary must not be replaced first)."""
+        run = RunDir(run_dir)
+        run.check_assets()
+        meta = run.config_meta()
+        if meta is not None and "experiment" in meta and run.checkpoint_meta() is not None:
+            check_resumable(run, {**meta, "experiment": self.config.model_dump()})
         self.task.save_assets(run_dir)
         if self.canaries is not None:
             self.canaries.save(run_dir)
