@@ -374,8 +374,7 @@ def audit_cmd(
     secret sharer's exposure (masked LM); Random Sampling by the task's loss (plug-in tasks).
     Writes audit.json and audit.md into RUN_DIR. With --empirical: the one-run lower bound on
     epsilon from the audit canaries, beside the accountant's epsilon, into empirical.json."""
-    from fedpriv.rundir import AUDIT_MD, EMPIRICAL, hold
-    from fedpriv.runner.audit import audit_run, empirical_audit
+    from fedpriv.rundir import hold
 
     say = None if as_json else _say
     with hold(run_dir, "run", create=False):  # it writes into the run: no trainer may be writing it
@@ -383,6 +382,7 @@ def audit_cmd(
 
 
 def _audit(run_dir: Path, as_json: bool, candidates: Optional[int], empirical: bool, set_: list[str], say) -> None:
+    """:func:`audit_cmd`'s body, under the run directory's lock."""
     from fedpriv.rundir import AUDIT_MD, EMPIRICAL
     from fedpriv.runner.audit import audit_run, empirical_audit
 
