@@ -119,7 +119,7 @@ def run_experiment(
         return _run_store(path, store, experiment, chosen, stop_after, say, restart, only, log, overrides, allow_large_delta)
 
 
-def _run_store(path, store: Path, experiment, chosen: list[RunSpec], stop_after: int | None, say: Callable[[str], None], restart: bool,
+def _run_store(path: str | os.PathLike[str], store: Path, experiment: Any, chosen: list[RunSpec], stop_after: int | None, say: Callable[[str], None], restart: bool,
                only: list[str] | None, log: Callable[[str], None] | None, overrides: dict[str, Any] | None,
                allow_large_delta: bool = False) -> tuple[Path, list[dict[str, Any]], bool]:
     """:func:`run_experiment`'s body, under the store's lock."""
