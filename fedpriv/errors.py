@@ -51,3 +51,7 @@ class TrainingDiverged(FedprivError):
 
 class ConfigChanged(FedprivError):
     """A run would resume (or a store continue) with another config than it started with."""
+
+
+class RunDirInUse(FedprivError):
+    """Another process holds the run directory's (or store's) lock; the message names its pid and command."""

@@ -25,6 +25,10 @@ pipeline that made them::
     audit.json, audit.md   the memorization audit
     failed.json            the run failed (e.g. its loss became non-finite): why, and where; never reported
     summary.json           written last by a run store: the run is complete
+    .fedpriv               the marker: this folder is a fedpriv run (or a store, or a vocabulary or
+                           report folder); fedpriv writes only into empty folders or marked ones
+    .fedpriv.lock          the lock: the process that writes the folder holds an exclusive OS lock
+                           on it (:func:`hold`), and its pid and command are written inside
 
 A run store (``fedpriv run``) is a directory of run directories plus ``experiment.json`` and, for
 an experiment's ``[[measure]]`` entries, ``measure/NAME/measure.json`` and ``deniability.png``.
@@ -33,6 +37,14 @@ Checkpoints are written safely: the state goes to ``checkpoint-<step>.msgpack`` 
 the arrays, flax.serialization, never pickle), then ``checkpoint.json`` naming it replaces the old
 one atomically, then older state files are removed; a crash at any point leaves the previous
 checkpoint or the new one, whole. JSON files are written atomically too.
+
+Run state is tamper-evident against accidental or hand edits (not against a determined attacker
+with write access, who can rewrite every digest): ``checkpoint.json`` records the step, its state
+file ``checkpoint-<step>.msgpack`` and that file's SHA-256, the privacy ledger's step count and
+digest, and (once the run ends) the digest of ``params.msgpack``; ``config.json`` records the
+digests of the run's vocabulary files. Resume and audit check them against each other and refuse
+a mismatch in one line. ``metrics.jsonl`` rows carry their step; a second row of one step and split
+is refused. Run directories written before fedpriv recorded these are refused (train them again).
 
 A run directory is data, not instructions: every file is checked for its shape when read (a
 one-line :class:`~fedpriv.errors.DataFormatError` naming the file), a checkpoint names only a
@@ -43,9 +55,13 @@ refused, and the config read back drops the loader options that would write file
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -53,8 +69,8 @@ import numpy as np
 from flax import serialization
 
 from fedpriv.config import ExperimentConfig, name_problem, validate_config
-from fedpriv.errors import DataFormatError, FedprivError
-from fedpriv.jsonio import read_json, write_json_atomic
+from fedpriv.errors import DataFormatError, FedprivError, RunDirInUse
+from fedpriv.jsonio import json_text, read_json, sha256_bytes, sha256_file, write_bytes_atomic, write_json_atomic
 
 CONFIG = "config.json"
 RUN_CONFIG = "run-config.json"
@@ -71,6 +87,14 @@ WORD_VOCAB = "vocab.json"
 TOKENIZER = "tokenizer.json"
 VOCABULARY = "vocabulary.json"
 AUDIT_JSON, AUDIT_MD = "audit.json", "audit.md"
+#: The marker that makes a folder fedpriv's (its JSON names the kind: run, store, vocab, report).
+MARKER = ".fedpriv"
+#: The lock file of a run directory or store (:func:`hold`).
+LOCK = ".fedpriv.lock"
+#: Files of a run whose digests ``config.json`` records (the vocabulary the model was trained with).
+ASSET_FILES = (WORD_VOCAB, TOKENIZER)
+#: What to tell the owner of a run directory written before fedpriv recorded digests and markers.
+OLD_RUN_HINT = "written before fedpriv recorded digests of its run state, or edited by hand; train it again (--restart, or a new --out)"
 
 
 def along_audit(step: int) -> str:
@@ -229,6 +253,112 @@ def measure_dir(store: str | os.PathLike[str], name: str) -> Path:
     return Path(store) / MEASURE_DIR / name
 
 
+KINDS = {"run": "run directory", "store": "run store", "vocab": "vocabulary folder", "report": "report folder"}
+
+
+def marker_kind(path: str | os.PathLike[str]) -> str | None:
+    """The kind of fedpriv folder ``path`` is (``run``, ``store``, ``vocab``, ``report``) by its
+    marker, or None (no marker, or an unreadable one)."""
+    m = Path(path) / MARKER
+    if m.is_symlink() or not m.is_file():
+        return None
+    try:
+        kind = json.loads(m.read_text(encoding="utf-8")).get("fedpriv")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return kind if kind in KINDS else None
+
+
+def claim(path: str | os.PathLike[str], kind: str, force: bool = False, create: bool = True) -> Path:
+    """Make ``path`` a fedpriv folder of ``kind`` (see :data:`KINDS`), or refuse in one line.
+
+    A missing or empty folder is made and marked; a folder marked ``kind`` is taken as it is; a
+    folder of another fedpriv kind is always refused, and a non-empty folder without a marker
+    (the user's files, or a run written before fedpriv marked its folders) is refused unless
+    ``force`` (then it is marked). ``create`` False: only check (nothing is made or marked)."""
+    path = Path(path)
+    what = KINDS[kind]
+    if path.exists() and not path.is_dir():
+        raise FedprivError(f"{path}: exists and is not a directory; a {what} is a folder")
+    have = marker_kind(path) if path.is_dir() else None
+    if have == kind:
+        return path
+    if have is not None:
+        raise FedprivError(f"{path}: is a fedpriv {KINDS[have]}, not a {what}; use another folder")
+    if path.is_dir() and any(p.name not in (LOCK, MARKER + ".partial") for p in path.iterdir()) and not force:  # (a kill while marking)
+        hint = "pass --force to write into it anyway, or choose" if kind in ("vocab", "report") else "choose"
+        raise FedprivError(
+            f"{path}: not empty and not a fedpriv {what} (no {MARKER} marker); fedpriv writes only into its own folders: "
+            f"{hint} a new or empty folder (a folder fedpriv wrote before it marked its folders: train it again into a new one)"
+        )
+    if not create:
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path / MARKER, {"fedpriv": kind, "note": f"this folder is a fedpriv {what}; fedpriv writes into it"})
+    return path
+
+
+#: Locks this process holds: real path -> [file descriptor, depth] (a process may take its own lock again).
+_HELD: dict[str, list[int]] = {}
+
+
+def _command() -> str:
+    """This process's command line, as the user typed it (``python -m fedpriv.cli`` shows as ``fedpriv``)."""
+    name = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if name in ("__main__.py", "-c"):
+        name = "fedpriv"
+    return " ".join([name, *sys.argv[1:]])[:300]
+
+
+@contextmanager
+def hold(path: str | os.PathLike[str], kind: str = "run", create: bool = True) -> Iterator[Path]:
+    """Own the folder ``path`` (a run directory or store) while the block runs: :func:`claim` it
+    (``create`` False: it must be a fedpriv folder of ``kind`` already, e.g. a run to audit), then take an exclusive OS advisory lock (``flock``) on its :data:`LOCK` file, which holds this
+    process's pid and command. Another process holding it makes this one refuse at once, in one
+    line naming that process. The OS releases the lock when the process exits, even on ``kill -9``."""
+    if not create and marker_kind(path) != kind:
+        why = "does not exist" if not Path(path).exists() else f"has no {MARKER} marker of a fedpriv {KINDS[kind]}"
+        raise FedprivError(f"{path}: not a fedpriv {KINDS[kind]} ({why}; a folder fedpriv wrote before it marked its folders must be trained again)")
+    path = claim(path, kind)
+    key = os.path.realpath(path)
+    if key in _HELD:
+        _HELD[key][1] += 1
+        try:
+            yield path
+        finally:
+            _HELD[key][1] -= 1
+        return
+    lock = path / LOCK
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        try:
+            holder = json.loads(os.read(fd, 4096).decode("utf-8"))
+            who = f"pid {int(holder['pid'])} ({str(holder['command'])[:200]})"
+        except (OSError, ValueError, KeyError, TypeError):
+            who = "another process"
+        os.close(fd)
+        raise RunDirInUse(f"{path}: in use by {who}; wait until it ends, or use another --out") from None
+    except BaseException:
+        os.close(fd)
+        raise
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "command": _command()}).encode("utf-8"), 0)
+        _HELD[key] = [fd, 1]
+        yield path
+    finally:
+        _HELD.pop(key, None)
+        os.close(fd)  # releases the lock
+
+
+def ledger_record(ledger: Any) -> dict[str, Any]:
+    """What a checkpoint records of the privacy ledger it goes with: its step count and the digest
+    of the exact file :meth:`fedpriv.privacy.ledger.PrivacyLedger.save` writes."""
+    return {"steps": int(ledger.steps), "sha256": sha256_bytes(json_text(ledger.to_json(), indent=1).encode("utf-8"))}
+
+
 class RunDir:
     """A run directory: ``RunDir(path).file(name)`` and one reader/writer per file."""
 
@@ -245,14 +375,18 @@ class RunDir:
         return (self.path / name).is_file()
 
     def create(self) -> "RunDir":
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Make (or take) the folder as a fedpriv run directory (:func:`claim`): a non-empty
+        folder that is not one is refused."""
+        claim(self.path, "run")
         return self
 
     def reset(self) -> None:
         """Start afresh: remove the files training and the store wrote (RUN_FILES, checkpoint
-        states, parameters and audits along training, partial writes); nothing else in the directory is touched."""
+        states, parameters and audits along training, partial writes); nothing else in the directory is touched.
+        Only a fedpriv run directory is cleared (:func:`claim` refuses any other non-empty folder)."""
         if not self.path.is_dir():
             return
+        claim(self.path, "run")
         for name in RUN_FILES:
             (self.path / name).unlink(missing_ok=True)
         for p in self.path.iterdir():
@@ -299,6 +433,30 @@ class RunDir:
             raise FedprivError(f"{path}: no experiment config recorded; retrain with this version of fedpriv")
         return validate_config(meta["experiment"], str(path)).without_write_targets()
 
+    # ---- the vocabulary the run was trained with -------------------------------------------------
+    def asset_digests(self) -> dict[str, str]:
+        """SHA-256 of each vocabulary file the run holds (:data:`ASSET_FILES`), by name."""
+        return {name: sha256_file(self.path / name) for name in ASSET_FILES if self.has(name)}
+
+    def check_assets(self) -> None:
+        """Refuse vocabulary files that differ from the digests ``config.json`` recorded at training
+        (e.g. replaced by ``vocab build`` or edited): the model would disagree with its vocabulary."""
+        meta = self.config_meta()
+        if meta is None:
+            return
+        recorded = meta.get("assets")
+        if not isinstance(recorded, dict):
+            if self.has(CHECKPOINT) or self.has(PARAMS):
+                raise FedprivError(f"{self.path / CONFIG}: records no digests of the run's vocabulary; {OLD_RUN_HINT}")
+            return
+        for name in ASSET_FILES:
+            want = recorded.get(name)
+            if want is None and not self.has(name):
+                continue
+            if want is None or not self.has(name) or sha256_file(self.path / name) != want:
+                state = "is missing" if not self.has(name) else "is not the one the run was trained with" if want else "was not written by the run"
+                raise FedprivError(f"{self.path / name}: {state} (its SHA-256 differs from the digest {CONFIG} recorded); the model and its vocabulary would disagree; {OLD_RUN_HINT}")
+
     # ---- metrics.jsonl --------------------------------------------------------------------------
     def append_metrics(self, row: dict[str, Any]) -> None:
         with open(self.path / METRICS, "a", encoding="utf-8") as f:
@@ -311,9 +469,7 @@ class RunDir:
         if not path.exists():
             return
         keep = [json.dumps(row) for row in self._metric_rows(torn_tail_ok=True) if row["step"] <= step]
-        tmp = path.with_name(path.name + ".partial")
-        tmp.write_text("".join(line + "\n" for line in keep))
-        os.replace(tmp, path)
+        write_bytes_atomic(path, "".join(line + "\n" for line in keep).encode("utf-8"))
 
     def clear_metrics(self) -> None:
         (self.path / METRICS).unlink(missing_ok=True)
@@ -332,6 +488,7 @@ class RunDir:
             raise DataFormatError(path, None, f"unreadable metrics ({e})") from None
         lines = text.split("\n")
         rows = []
+        seen: dict[tuple[int, Any], int] = {}
         for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
@@ -343,6 +500,10 @@ class RunDir:
                 raise DataFormatError(path, i, f"not a JSON metrics row ({e}); delete the run directory or pass --restart to start over") from None
             if _shape_problem(row, Obj({"step": (int,)}, ("step",)), ""):
                 raise DataFormatError(path, i, "a metrics row must be a JSON object with an integer 'step'")
+            key = (row["step"], json.dumps(row.get("split")))
+            if key in seen:
+                raise DataFormatError(path, i, f"a second row of step {row['step']}, split {row.get('split')!r} (the first is line {seen[key]}): two runs wrote into this directory? Train it again (--restart, or a new --out)")
+            seen[key] = i
             rows.append(row)
         return rows
 
@@ -351,10 +512,9 @@ class RunDir:
         """Write ``state`` (a pytree of arrays) and ``meta`` (JSON-able, must hold ``step``)."""
         d = self.create().path
         name = f"checkpoint-{int(meta['step'])}.msgpack"
-        tmp = d / (name + ".partial")
-        tmp.write_bytes(to_msgpack(state))
-        os.replace(tmp, d / name)
-        write_json_atomic(d / CHECKPOINT, {**meta, "state_file": name}, indent=1)
+        data = to_msgpack(state)
+        write_bytes_atomic(d / name, data)
+        write_json_atomic(d / CHECKPOINT, {**meta, "state_file": name, "state_sha256": sha256_bytes(data)}, indent=1)
         for old in d.glob("checkpoint-*.msgpack"):
             if old.name != name:
                 old.unlink(missing_ok=True)
@@ -372,7 +532,72 @@ class RunDir:
         expect_shape(meta, path, "checkpoint record", CHECKPOINT_SHAPE)
         if meta["step"] < 0 or not STATE_FILE.match(meta["state_file"]):
             raise DataFormatError(path, None, f"not a checkpoint record: step {meta['step']}, state file {meta['state_file'][:60]!r} (a checkpoint-<step>.msgpack of this directory expected)")
+        if meta["state_file"] != f"checkpoint-{meta['step']}.msgpack":
+            raise DataFormatError(path, None, f"step {meta['step']} but state file {meta['state_file']!r}: the checkpoint record was edited; {OLD_RUN_HINT}")
         return meta
+
+    def verify_checkpoint(self, meta: dict[str, Any]) -> None:
+        """Refuse a checkpoint whose state file's SHA-256 is not the one ``checkpoint.json`` records
+        (or that records none: an older fedpriv, or an edit)."""
+        path = self.path / CHECKPOINT
+        want = meta.get("state_sha256")
+        if not isinstance(want, str):
+            raise DataFormatError(path, None, f"records no digest of its state file; {OLD_RUN_HINT}")
+        state = self.path / meta["state_file"]
+        if state.is_file() and sha256_file(state) != want:
+            raise DataFormatError(state, None, f"its SHA-256 is not the one {CHECKPOINT} records for step {meta['step']} (replaced or edited); {OLD_RUN_HINT}")
+
+    def verify_ledger(self, meta: dict[str, Any], private: bool) -> None:
+        """Refuse a privacy ledger that disagrees with the checkpoint: the checkpoint's ledger record
+        must count its step, and ``privacy_ledger.json`` must be the file it records, or a ledger
+        of fewer steps (a kill between the checkpoint's write and the ledger's; resume rebuilds it).
+        ``private``: the run records a ledger (a checkpoint without a ledger record is refused)."""
+        path = self.path / CHECKPOINT
+        rec = meta.get("ledger")
+        if rec is None:
+            if private:
+                raise DataFormatError(path, None, f"records no privacy ledger for a DP run; {OLD_RUN_HINT}")
+            return
+        if not isinstance(rec, dict) or not isinstance(rec.get("steps"), int) or not isinstance(rec.get("sha256"), str):
+            raise DataFormatError(path, "ledger", "not a ledger record (steps and sha256 expected)")
+        if rec["steps"] != meta["step"]:
+            raise DataFormatError(path, None, f"step {meta['step']} but its privacy ledger record counts {rec['steps']} steps: the checkpoint record was edited; {OLD_RUN_HINT}")
+        ledger = self.path / LEDGER
+        if not ledger.is_file():
+            return
+        from fedpriv.privacy.ledger import PrivacyLedger
+
+        steps = PrivacyLedger.load(ledger).steps
+        if steps < rec["steps"] or (steps == rec["steps"] and sha256_file(ledger) == rec["sha256"]):
+            return
+        raise DataFormatError(ledger, None, f"holds {steps} steps but is not the ledger {CHECKPOINT} records for step {meta['step']} (edited?); {OLD_RUN_HINT}")
+
+    def verify_params(self) -> None:
+        """Refuse ``params.msgpack`` when its SHA-256 is not the one ``checkpoint.json`` records."""
+        meta = self.checkpoint_meta()
+        if not self.has_params():
+            return
+        want = meta.get("params_sha256") if meta is not None else None
+        if not isinstance(want, str):
+            raise DataFormatError(self.path / PARAMS, None, f"{CHECKPOINT} records no digest of these parameters; {OLD_RUN_HINT}")
+        if sha256_file(self.path / PARAMS) != want:
+            raise DataFormatError(self.path / PARAMS, None, f"its SHA-256 is not the one {CHECKPOINT} records (replaced or edited); {OLD_RUN_HINT}")
+
+    def verify(self, private: bool) -> None:
+        """The checks an audit makes before it trusts the run: the checkpoint, its state file, the
+        privacy ledger, the final parameters and the vocabulary agree with the digests recorded."""
+        meta = self.checkpoint_meta()
+        if meta is not None:
+            self.verify_checkpoint(meta)
+            self.verify_ledger(meta, private)
+            ledger = self.path / LEDGER
+            rec = meta.get("ledger")
+            if rec is not None and (not ledger.is_file() or sha256_file(ledger) != rec["sha256"]):
+                raise DataFormatError(ledger, None, f"is not the ledger {CHECKPOINT} records for step {meta['step']} (a kill before it was written?); run the training command again to repair it")
+        elif self.has_params():
+            raise DataFormatError(self.path / PARAMS, None, f"parameters without a checkpoint record; {OLD_RUN_HINT}")
+        self.verify_params()
+        self.check_assets()
 
     def load_checkpoint(self, template: Any) -> tuple[Any, dict[str, Any]] | None:
         """``(state, meta)`` of the last checkpoint, or None. ``template``: a state of the same
@@ -380,24 +605,26 @@ class RunDir:
         meta = self.checkpoint_meta()
         if meta is None:
             return None
+        self.verify_checkpoint(meta)
         state = self._restore(template, self.path / meta["state_file"], "checkpoint")
         return state, meta
 
     # ---- parameters -------------------------------------------------------------------------------
     def write_params(self, params: Any) -> None:
-        tmp = self.path / (PARAMS + ".partial")
-        tmp.write_bytes(to_msgpack(params))
-        os.replace(tmp, self.path / PARAMS)
+        """``params.msgpack``, its SHA-256 recorded first in ``checkpoint.json`` (the run's last
+        checkpoint, of the same parameters)."""
+        data = to_msgpack(params)
+        meta = self.checkpoint_meta()
+        if meta is not None:  # the digest first: a kill between the two writes leaves no parameters without it
+            write_json_atomic(self.path / CHECKPOINT, {**meta, "params_sha256": sha256_bytes(data)}, indent=1)
+        write_bytes_atomic(self.path / PARAMS, data)
 
     def has_params(self) -> bool:
         return self.has(PARAMS)
 
     def write_snapshot(self, step: int, params: Any) -> None:
         """Parameters after ``step`` steps or rounds, kept for an audit along training."""
-        name = f"params-{int(step)}.msgpack"
-        tmp = self.path / (name + ".partial")
-        tmp.write_bytes(to_msgpack(params))
-        os.replace(tmp, self.path / name)
+        write_bytes_atomic(self.path / f"params-{int(step)}.msgpack", to_msgpack(params))
 
     def snapshot_steps(self) -> list[int]:
         """Steps with saved parameters (:meth:`write_snapshot`), in order."""

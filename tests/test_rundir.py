@@ -10,7 +10,7 @@ import pytest
 from flax import serialization
 
 from fedpriv.errors import DataFormatError, FedprivError
-from fedpriv.rundir import CHECKPOINT, DATA, EMPIRICAL, METRICS, PARAMS, RunDir, read_store_record
+from fedpriv.rundir import CHECKPOINT, DATA, EMPIRICAL, MARKER, METRICS, PARAMS, RunDir, read_store_record
 
 
 def test_checkpoints_replace_each_other_whole_and_damage_is_named(tmp_path):
@@ -18,13 +18,13 @@ def test_checkpoints_replace_each_other_whole_and_damage_is_named(tmp_path):
     state = {"w": np.arange(6.0).reshape(2, 3), "n": {"b": np.ones(2)}}
     run.save_checkpoint(state, {"step": 3})
     run.save_checkpoint(state, {"step": 4, "kind": "federated"})
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-4.msgpack", CHECKPOINT]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != MARKER) == ["checkpoint-4.msgpack", CHECKPOINT]
     loaded, meta = run.load_checkpoint(state)
     assert meta["step"] == 4 and meta["kind"] == "federated" and np.array_equal(loaded["w"], state["w"])
     # msgpack, not pickle: the bytes are plain serialized arrays
     assert serialization.msgpack_restore((tmp_path / "checkpoint-4.msgpack").read_bytes())["n"]["b"].tolist() == [1.0, 1.0]
     (tmp_path / "checkpoint-4.msgpack").write_bytes(b"garbage")
-    with pytest.raises(DataFormatError, match="unreadable checkpoint"):
+    with pytest.raises(DataFormatError, match="SHA-256 is not the one checkpoint.json records for step 4"):
         run.load_checkpoint(state)
     (tmp_path / CHECKPOINT).write_text("{")
     with pytest.raises(DataFormatError, match="unreadable checkpoint"):
@@ -34,8 +34,8 @@ def test_checkpoints_replace_each_other_whole_and_damage_is_named(tmp_path):
 
 def test_metrics_are_appended_and_cut_back_to_a_step(tmp_path):
     run = RunDir(tmp_path)
-    for step in (1, 2, 2, 3):
-        run.append_metrics({"step": step, "split": "train"})
+    for step, split in ((1, "train"), (2, "train"), (2, "validation"), (3, "train")):
+        run.append_metrics({"step": step, "split": split})
     run.truncate_metrics(2)
     assert [r["step"] for r in run.metrics()] == [1, 2, 2]
     assert (tmp_path / METRICS).read_text().count("\n") == 3
@@ -174,7 +174,7 @@ def test_a_fresh_start_removes_snapshots_along_audits_and_the_empirical_audit(tm
     for name in ("params-2.msgpack", "audit-2.json", EMPIRICAL, "audit_canaries.json", "notes.txt"):
         (tmp_path / name).write_text("x")
     run.reset()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["audit_canaries.json", "notes.txt"]  # (the canaries are planted again)
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name != MARKER) == ["audit_canaries.json", "notes.txt"]  # (the canaries are planted again)
     assert run.snapshot_steps() == []
 
 

@@ -196,3 +196,6 @@ class DPSGDStepper(CentralStepper):
 
     def resume(self, run: RunDir, done: int) -> None:
         self.budget.resume(run.file(LEDGER), done)
+
+    def ledger(self) -> Any:
+        return self.budget.ledger if self.budget.event is not None else None

@@ -11,6 +11,7 @@ one of its keys. Known-harmless third-party messages are filtered (:mod:`fedpriv
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -62,6 +63,11 @@ def _say(message: str) -> None:
 
 def _set_option():
     return typer.Option([], "--set", help="Override a config key, KEY=VALUE (repeatable; VALUE read as JSON when it parses), e.g. --set training.steps=100.")
+
+
+_ALLOW_LARGE_DELTA = typer.Option(
+    False, "--allow-large-delta", help="Go on even when delta >= 1/N of the privacy unit (refused otherwise: publishing one record in the clear meets such a guarantee); the guarantee is printed with what it means."
+)
 
 
 def _version(value: bool) -> None:
@@ -144,6 +150,7 @@ def config_check(
     path: Path = typer.Argument(..., readable=False, help="An experiment TOML file."),
     as_json: bool = typer.Option(False, "--json", help="Print the resolved config as JSON."),
     static: bool = typer.Option(False, "--static", help="Check the keys only; do not load the data (cohort and batch sizes, calibration are not checked)."),
+    allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
 ) -> None:
     """Validate an experiment config (or an experiment with [[runs]], every run resolved) with
@@ -153,7 +160,7 @@ def config_check(
     from fedpriv.runner.checks import check_file
 
     with _naming(path):
-        checked = check_file(path, static, overrides=parse_options(set_, "--set"))
+        checked = check_file(path, static, overrides=parse_options(set_, "--set"), allow_large_delta=allow_large_delta)
     runs = checked.runs
     for r in runs:
         for w in r.warnings:
@@ -183,11 +190,11 @@ def config_check(
 def _naming(path: Path) -> Iterator[None]:
     """Errors inside name ``path`` (the config they come from) unless they already do, or name
     the run directory they are about."""
-    from fedpriv.errors import ConfigChanged, TrainingDiverged
+    from fedpriv.errors import ConfigChanged, RunDirInUse, TrainingDiverged
 
     try:
         yield
-    except (ConfigChanged, TrainingDiverged):
+    except (ConfigChanged, TrainingDiverged, RunDirInUse):
         raise
     except FedprivError as e:
         if str(path) in str(e):
@@ -202,10 +209,11 @@ def _warn(message: str) -> None:
 _RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's checkpoint, metrics and parameters first (needed after a config change or a failed run).")
 
 
-def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False) -> dict:
+def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False,
+           allow_large_delta: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
     from fedpriv.config import check_kind, load_config
-    from fedpriv.rundir import RunDir
+    from fedpriv.rundir import RunDir, hold
     from fedpriv.runner.dispatch import train_run
     from fedpriv.runner.prepare import prepare
     from fedpriv.runner.summary import train_summary
@@ -215,11 +223,21 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
     check_kind(cfg, kind, str(config))
     default = Path("runs") / (cfg.name if kind == "central" else f"{cfg.name}-federated")
     run_dir = out_dir or default
-    if restart:
-        RunDir(run_dir).reset()
-    prepared = prepare(cfg, log=say)
-    result = train_run(prepared, run_dir, kind, engine, stop_after, say)
-    return train_summary(prepared, kind, run_dir, result, engine)
+    with hold(run_dir, "run"):  # one process per run directory; a folder that is not a run is refused
+        if restart:
+            RunDir(run_dir).reset()
+        prepared = dataclasses.replace(prepare(cfg, log=say), allow_large_delta=allow_large_delta)
+        result = train_run(prepared, run_dir, kind, engine, stop_after, say)
+        return train_summary(prepared, kind, run_dir, result, engine)
+
+
+def _out_option(value: Optional[str]) -> Optional[Path]:
+    """An ``--out`` value as a path; the empty string (it would mean the current directory) is refused."""
+    if value is None:
+        return None
+    if not value.strip():
+        raise FedprivError("--out '': an empty path names no folder (it would write into the current directory); give a folder")
+    return Path(value)
 
 
 def _print_summary(title: str, summary: dict) -> None:
@@ -236,15 +254,16 @@ def _print_summary(title: str, summary: dict) -> None:
 @train_app.command("central")
 def train_central_cmd(
     config: Path = typer.Argument(..., readable=False, help="Experiment TOML with [data], [task] and [training]."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed."),
+    out: Optional[str] = typer.Option(None, "--out", help="Run directory (default runs/NAME); an existing checkpoint there is resumed; a non-empty folder that is not a fedpriv run is refused."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
     restart: bool = _RESTART,
+    allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
     with _naming(config):
-        summary = _train(config, "central", out, None, as_json, stop_after, set_, restart)
+        summary = _train(config, "central", _out_option(out), None, as_json, stop_after, set_, restart, allow_large_delta)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -255,15 +274,16 @@ def train_central_cmd(
 def train_federated_cmd(
     config: Path = typer.Argument(..., readable=False, help="Experiment TOML with a [federated] section."),
     engine: Optional[str] = typer.Option(None, "--engine", help="vectorized (in-process JAX) or flower (Flower simulation); default: the config's federated.engine."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed."),
+    out: Optional[str] = typer.Option(None, "--out", help="Run directory (default runs/NAME-federated); an existing checkpoint there is resumed; a non-empty folder that is not a fedpriv run is refused."),
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
     restart: bool = _RESTART,
+    allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
     with _naming(config):
-        summary = _train(config, "federated", out, engine, as_json, stop_after, set_, restart)
+        summary = _train(config, "federated", _out_option(out), engine, as_json, stop_after, set_, restart, allow_large_delta)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -273,13 +293,14 @@ def train_federated_cmd(
 @app.command("run")
 def run_cmd(
     experiment: Path = typer.Argument(..., readable=False, help="Experiment TOML with [[runs]] (see experiments/demo.toml)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Run store (default runs/NAME); completed runs there are skipped, an interrupted one resumes; a non-empty folder that is not a fedpriv store is refused."),
     set_: list[str] = typer.Option([], "--set", help="Override an experiment key, KEY=VALUE (repeatable), e.g. --set data.source=Posts.xml."),
     report: bool = typer.Option(True, "--report/--no-report", help="Write the report (fedpriv report STORE) when every run is done."),
     as_json: bool = typer.Option(False, "--json", help="Print the run summaries as JSON."),
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
     restart: bool = typer.Option(False, "--restart", help="Start runs whose config changed, and failed runs, afresh (finished unchanged runs are kept)."),
     only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
+    allow_large_delta: bool = _ALLOW_LARGE_DELTA,
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
     from fedpriv.runner.store import failures, run_experiment
@@ -287,7 +308,7 @@ def run_cmd(
     say = None if as_json else _say
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     with _naming(experiment):
-        store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_, "--set"), stop_after, say, restart, names)
+        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), parse_options(set_, "--set"), stop_after, say, restart, names, allow_large_delta)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -333,11 +354,12 @@ def flwr_run_cmd(
 @app.command("report")
 def report_cmd(
     store: Path = typer.Argument(..., help="A run store written by fedpriv run."),
+    force: bool = typer.Option(False, "--force", help="Write STORE/report/ even when it holds files fedpriv's report did not write."),
 ) -> None:
-    """Write the comparison report of a run store: Markdown and CSV tables, PNG plots."""
+    """Write the comparison report of a run store into STORE/report/: Markdown and CSV tables, PNG plots."""
     from fedpriv.report.tables import write_report
 
-    written = write_report(store)
+    written = write_report(store, force=force)
     out.print((written / "comparison.md").read_text(), markup=False, highlight=False, soft_wrap=True)
     out.print(f"report: {written}")
 
@@ -354,10 +376,18 @@ def audit_cmd(
     secret sharer's exposure (masked LM); Random Sampling by the task's loss (plug-in tasks).
     Writes audit.json and audit.md into RUN_DIR. With --empirical: the one-run lower bound on
     epsilon from the audit canaries, beside the accountant's epsilon, into empirical.json."""
+    from fedpriv.rundir import hold
+
+    say = None if as_json else _say
+    with hold(run_dir, "run", create=False):  # it writes into the run: no trainer may be writing it
+        _audit(run_dir, as_json, candidates, empirical, set_, say)
+
+
+def _audit(run_dir: Path, as_json: bool, candidates: Optional[int], empirical: bool, set_: list[str], say) -> None:
+    """:func:`audit_cmd`'s body, under the run directory's lock."""
     from fedpriv.rundir import AUDIT_MD, EMPIRICAL
     from fedpriv.runner.audit import audit_run, empirical_audit
 
-    say = None if as_json else _say
     if empirical:
         report = empirical_audit(run_dir, say)
         if as_json:
@@ -406,14 +436,14 @@ def _print_audit(report: dict) -> None:
 @app.command("demo")
 def demo(
     config: Path = typer.Option(Path("experiments/demo.toml"), "--config", readable=False, help="Experiment to run."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
+    out_dir: Optional[str] = typer.Option(None, "--out", help="Run store (default runs/demo)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     set_: list[str] = _set_option(),
     only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME]."),
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, set_, True, as_json, None, False, only)
+    run_cmd(config, out_dir, set_, True, as_json, None, False, only, False)
 
 
 def _one_line(message: str) -> str:

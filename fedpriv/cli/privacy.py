@@ -178,6 +178,19 @@ _U = typer.Option("example", "--unit", help="example or user (for no-sampling)."
 _EV = typer.Option(..., "--event", "-e", help=EVENT_HELP)
 _ACC = typer.Option(Accountant.all, "--accountant", help="rdp, pld, or all available.")
 _JSON = typer.Option(False, "--json", help="Print JSON.")
+_ALLOW = typer.Option(False, "--allow-large-delta", help="Answer even when delta >= 1/N (refused otherwise: publishing one record in the clear meets it); the answer then says what it means.")
+
+
+def _delta_vs_population(delta: Optional[float], population: int, unit: str, allow: bool) -> dict:
+    """Refuse a delta >= 1/N unless ``allow``; then the note saying what it means (for the answer's extras)."""
+    from fedpriv.privacy.delta import large_delta_note, large_delta_problem
+
+    if delta is None or not 0.0 < delta < 1.0:  # (a delta outside (0, 1) is refused by the accountant, naming its range)
+        return {}
+    problem = large_delta_problem("--delta", delta, population, unit)
+    if problem and not allow:
+        raise PrivacyParameterError(problem)
+    return {"note": large_delta_note("--delta", delta, population, unit)} if problem else {}
 
 
 @privacy_app.command("epsilon")
@@ -194,18 +207,20 @@ def epsilon_cmd(
     unit: str = _U,
     accountant: Accountant = _ACC,
     as_json: bool = _JSON,
+    allow_large_delta: bool = _ALLOW,
 ) -> None:
     """epsilon for a delta (or delta for an epsilon) of a DP-SGD or DP-FedAvg run."""
     check_options({"--noise-multiplier": noise_multiplier, "--population": population, "--batch": batch, "--steps": steps, "--delta": delta,
                    "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps})
     if (delta is None) == (epsilon is None):
         raise PrivacyParameterError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
+    note = _delta_vs_population(delta, population, unit, allow_large_delta)
     ev = _event(event, noise_multiplier, population, batch, steps, shards, micro_steps, unit)
     answers = []
     for acc in _accountants(ev, accountant):
         ans = epsilon_for(ev, delta, acc) if delta is not None else delta_for(ev, epsilon, acc)  # type: ignore[arg-type]
         answers.append(ans.to_json())
-    _print_answers(answers, as_json, {"event": event.value})
+    _print_answers(answers, as_json, {"event": event.value, **note})
 
 
 @privacy_app.command("calibrate")
@@ -221,16 +236,18 @@ def calibrate_cmd(
     unit: str = _U,
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="rdp or pld."),
     as_json: bool = _JSON,
+    allow_large_delta: bool = _ALLOW,
 ) -> None:
     """The smallest noise multiplier (per draw) that reaches --target-epsilon at --delta (bisection)."""
     check_options({"--target-epsilon": target_epsilon, "--delta": delta, "--population": population, "--batch": batch, "--steps": steps,
                    "--shards": shards, "--micro-steps": micro_steps})
+    note = _delta_vs_population(delta, population, unit, allow_large_delta)
     if accountant is Accountant.all:
         raise PrivacyParameterError("--accountant: calibrate against one accountant, rdp or pld")
     template = _event(event, 1.0, population, batch, steps, shards, micro_steps, unit)
     _accountants(template, accountant)
     sigma, ans = calibrate_noise_multiplier(template, target_epsilon, delta, accountant.value)  # type: ignore[arg-type]
-    _print_answers([ans.to_json()], as_json, {"event": event.value, "calibrated_noise_multiplier": sigma})
+    _print_answers([ans.to_json()], as_json, {"event": event.value, "calibrated_noise_multiplier": sigma, **note})
 
 
 @privacy_app.command("batch-sweep")
@@ -245,6 +262,7 @@ def batch_sweep_cmd(
     epochs: Optional[float] = typer.Option(None, "--epochs", help="Keep epochs fixed (steps = epochs*N/B) instead of steps."),
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="rdp or pld."),
     as_json: bool = _JSON,
+    allow_large_delta: bool = _ALLOW,
 ) -> None:
     """Scale sigma with sqrt(B) from (B0, sigma0) and show the epsilon of each batch size."""
     if event is Event.no_sampling or accountant is Accountant.all:
@@ -258,10 +276,11 @@ def batch_sweep_cmd(
     check_options({"--noise-multiplier": noise_multiplier, "--population": population, "--batch": batch, "--steps": steps, "--delta": delta, "--epochs": epochs})
     for size in sizes:
         check_options({"--batches": size})
+    note = _delta_vs_population(delta, population, "example", allow_large_delta)
     template = _event(event, noise_multiplier, population, batch, steps, 1, 1, "example")
     rows = batch_size_sweep(template, sizes, delta, epochs, accountant.value)  # type: ignore[arg-type]
     if as_json:
-        print(json.dumps({"event": event.value, "rows": rows}, indent=2))
+        print(json.dumps({"event": event.value, "rows": rows, **note}, indent=2))
         return
     t = Table(title=f"sigma scaled with sqrt(B) from sigma={noise_multiplier:g} at B={batch:g}")
     for col in ("batch", "noise multiplier", "steps", "epsilon"):
@@ -271,3 +290,5 @@ def batch_sweep_cmd(
     _out.print(t)
     a = rows[0]["answer"]
     _out.print(f"delta = {delta:g}; {a['accountant']}; {a['unit']}-level, {a['relation']} {a['unit']}", markup=False)
+    if note:
+        _out.print(f"note: {note['note']}", markup=False, soft_wrap=True)

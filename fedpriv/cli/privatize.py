@@ -28,6 +28,7 @@ import typer
 
 from fedpriv.cli.options import parse_options
 from fedpriv.errors import FedprivError, PrivacyParameterError
+from fedpriv.jsonio import write_bytes_atomic
 
 privatize_app = typer.Typer(help="Local d_chi-privacy: privatize a corpus word by word before it leaves the user.", no_args_is_help=True)
 
@@ -49,6 +50,34 @@ def sidecar_path(out: str | os.PathLike[str]) -> Path:
     """``privatized.jsonl`` -> ``privatized.privacy.json``."""
     p = Path(out)
     return p.with_name(p.stem + SIDECAR_SUFFIX)
+
+
+def _written_by_privatize(out: Path) -> bool:
+    """Whether ``out`` and its sidecar are a corpus this command wrote (the sidecar, a regular file,
+    names ``out``)."""
+    side = sidecar_path(out)
+    if side.is_symlink() or not side.is_file() or out.is_symlink() or (out.exists() and not out.is_file()):
+        return False
+    try:
+        meta = json.loads(side.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("format") == SIDECAR_FORMAT and meta.get("corpus") == out.name
+
+
+def check_target(out: Path, force: bool = False) -> None:
+    """Refuse to write ``out`` (and its sidecar) into a fedpriv run directory or store, or over
+    files this command did not write (unless ``force``)."""
+    from fedpriv.rundir import KINDS, marker_kind
+
+    kind = marker_kind(out.parent)
+    if kind in ("run", "store"):
+        raise FedprivError(f"--out {out}: {out.parent} is a fedpriv {KINDS[kind]}; privatize never writes into one (choose another folder)")
+    if force or _written_by_privatize(out):
+        return
+    for p in (out, sidecar_path(out)):
+        if p.exists() or p.is_symlink():
+            raise FedprivError(f"--out {out}: {p} exists and was not written by fedpriv privatize; choose another name, or pass --force to replace it")
 
 
 def check_parameters(mechanism: str, eta: float, t: Optional[float], k: int) -> Optional[float]:
@@ -83,6 +112,7 @@ def privatize_corpus(
     batch_tokens: int = 8192,
     progress_every: int = 1000,
     log: Any = None,
+    force: bool = False,
 ) -> dict[str, Any]:
     """Write the privatized corpus and its sidecar; return the sidecar's content.
 
@@ -104,6 +134,7 @@ def privatize_corpus(
         raise FedprivError(f"--out {out}: the privatized corpus is JSON Lines; name it *.jsonl (so open_corpus reads it back)")
     if not out.parent.is_dir():
         raise FedprivError(f"--out {out}: the directory {out.parent} does not exist")
+    check_target(out, force)
     src = Path(source)
     if src.exists() and src.resolve() == out.resolve():
         raise FedprivError(f"--out {out} is the source itself")
@@ -131,12 +162,14 @@ def privatize_corpus(
 
     tmp = out.with_name(out.name + ".partial")
     try:
+        if tmp.is_symlink() or tmp.is_file():  # a stale partial write (or a link under its name): never followed
+            tmp.unlink()
         if mechanism == "rep":
             from fedpriv.privacy.local.corpus import represent_users
 
             write_representations(tmp, represent_users(corpus.users(), space, eta, seed, batch_tokens, stats=stats), space.dim, progress)
         else:
-            with open(tmp, "w", encoding="utf-8") as f:
+            with open(tmp, "x", encoding="utf-8") as f:
                 for u, exs, new in privatize_users(corpus.users(), space, mechanism, eta, tv, k, seed, batch_tokens, stats=stats):
                     for ex, words in zip(exs, new):
                         row: dict[str, Any] = {"user_id": u, "text": " ".join(words)}
@@ -172,9 +205,7 @@ def privatize_corpus(
         "tokens": stats["tokens"],
     }
     side = sidecar_path(out)
-    tmp_side = side.with_name(side.name + ".partial")
-    tmp_side.write_text(json.dumps(meta, indent=1, ensure_ascii=False), encoding="utf-8")
-    os.replace(tmp_side, side)
+    write_bytes_atomic(side, json.dumps(meta, indent=1, ensure_ascii=False).encode("utf-8"))
     frac = stats["changed"] / max(1, stats["tokens"])
     changed = "" if mechanism == "rep" else f"{frac:.1%} of tokens changed, "
     say(
@@ -222,6 +253,7 @@ def privatize_cmd(
     max_words: Optional[int] = typer.Option(None, "--max-words", min=1, help="GloVe: keep the first N vectors (the most frequent words)."),
     batch_tokens: int = typer.Option(8192, "--batch-tokens", min=1, max=65536, help="Tokens privatized per call (does not change the output)."),
     progress_every: int = typer.Option(1000, "--progress-every", min=1, help="Report progress on stderr every N users."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out (or its sidecar) that privatize did not write."),
 ) -> None:
     """Privatize every word of a text corpus with M_txt or the Vickrey mechanism (eta·d_chi per
     token) and write it as JSON Lines that `fedpriv` reads back as a corpus; or with M_rep, the
@@ -240,4 +272,5 @@ def privatize_cmd(
         max_words=max_words,
         batch_tokens=batch_tokens,
         progress_every=progress_every,
+        force=force,
     )

@@ -70,7 +70,8 @@ def build(
     seed: int = typer.Option(0, "--seed", help="Seed of the DP noise."),
     lowercase: bool = typer.Option(False, "--lowercase", help="Lowercase words before counting (uncased BERT)."),
     alphabet: Alphabet = typer.Option(Alphabet.data, "--alphabet", help="wordpiece: 'ascii' always holds every printable ASCII character (public, no privacy cost); 'data' learns the characters from the histogram."),
-    out: Path = typer.Option(..., "--out", help="Output folder (vocabulary files and report.json, written atomically)."),
+    out: str = typer.Option(..., "--out", help="Output folder (vocabulary files and report.json, written atomically): new, empty, or one vocab build wrote; never a run directory."),
+    force: bool = typer.Option(False, "--force", help="Write into a non-empty folder that vocab build did not write (its files of the same names are replaced)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
     format: Optional[str] = typer.Option(None, "--format", help="Override the format guessed from the path."),
     option: list[str] = typer.Option([], "--option", "-o", help="Loader option KEY=VALUE (repeatable), e.g. users=sentences:10."),
@@ -79,8 +80,13 @@ def build(
 ) -> None:
     """Build a vocabulary and print what it kept, what DP cost, and the guarantee."""
     from fedpriv.cli.options import parse_options
+    from fedpriv.errors import FedprivError
+    from fedpriv.rundir import claim
     from fedpriv.vocab.build import build_vocab
 
+    if not out.strip():
+        raise FedprivError("--out '': an empty path names no folder (it would write into the current directory); give a folder")
+    claim(out, "vocab", force, create=False)  # never a run directory or store, nor the user's own folder
     report = build_vocab(
         source,
         kind.value,
@@ -102,6 +108,7 @@ def build(
         public=public,
         public_options=parse_options(public_option),
     )
+    claim(out, "vocab", force=True)  # marked: a later vocab build may replace what this one wrote
     if as_json:
         print(json.dumps(report, indent=2))
         return

@@ -174,6 +174,10 @@ class RoundStepper(Stepper):
         if self.setup.core.budget is not None:
             self.setup.core.budget.resume(run.file(LEDGER), done)
 
+    def ledger(self) -> Any:
+        budget = self.setup.core.budget
+        return budget.ledger if budget is not None and budget.event is not None else None
+
 
 def train_federated(
     setup: FederatedSetup,

@@ -46,7 +46,7 @@ from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown
 from fedpriv.report.intervals import Estimate, interval, paired_difference
 from fedpriv.report.measurements import write_measurements
 from fedpriv.report.warmstart import public_flag, public_notes, start_label
-from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir, read_store_record
+from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir, claim, hold, read_store_record
 
 REPORT_DIR = "report"
 MAX_CURVES = 12  # DP runs drawn in epsilon_vs_parameters.png (one row of panels each)
@@ -96,7 +96,8 @@ class StoreContents:
 
 
 def read_store(store: Path) -> StoreContents:
-    """Read ``experiment.json`` and every finished run's summary, audit rows and privacy ledger.
+    """Read ``experiment.json`` and every finished run's summary, audit rows and privacy ledger
+    (its ``metrics.jsonl`` checked: a second row of one step and split is refused).
     FedprivError when ``store`` is not a run store (no ``experiment.json``)."""
     exp_path = store / EXPERIMENT
     if not exp_path.is_file():
@@ -112,6 +113,7 @@ def read_store(store: Path) -> StoreContents:
         if not rd.has_summary():
             continue
         out.summaries[run["name"]] = rd.summary()
+        rd.metrics()  # the rows the summary came from: a damaged or doubled metrics.jsonl is refused, naming the line
         if rd.has(AUDIT_JSON):
             audit = rd.audit()
             out.canaries[run["name"]] = list(audit.get("canaries", []))
@@ -747,14 +749,32 @@ def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]
 
 
 # ---- the report ------------------------------------------------------------------------------------------
-def write_report(store: str | os.PathLike[str]) -> Path:
+def write_report(store: str | os.PathLike[str], force: bool = False) -> Path:
     """Write STORE/report/ (the files in the module docstring) and return that directory.
-    FedprivError when STORE has no experiment.json."""
-
+    FedprivError when STORE has no experiment.json, is not a fedpriv store, or is being written by
+    another process; when STORE/report is a symbolic link, holds one, or holds files fedpriv's
+    report did not write (unless ``force``): the report never writes outside its folder."""
     store = Path(store)
     contents = read_store(store)
+    with hold(store, "store", create=False):
+        return _write_report(store, contents, report_folder(store, force))
+
+
+def report_folder(store: Path, force: bool = False) -> Path:
+    """``STORE/report``, made or taken as the report's own folder (:func:`fedpriv.rundir.claim`):
+    a symbolic link, or a folder holding one, is refused (a write would follow it out of the store)."""
     out = store / REPORT_DIR
-    out.mkdir(parents=True, exist_ok=True)
+    if out.is_symlink():
+        raise FedprivError(f"{out}: is a symbolic link; the report is written only into a real folder inside the store (remove the link)")
+    claim(out, "report", force)
+    for p in out.iterdir():
+        if p.is_symlink():
+            raise FedprivError(f"{p}: a symbolic link in the report folder; the report never writes through one (remove it)")
+    return out
+
+
+def _write_report(store: Path, contents: "StoreContents", out: Path) -> Path:
+    """:func:`write_report`'s body: build every table and plot from ``contents`` into ``out``."""
     names = [r["name"] for r in contents.runs if r["name"] in contents.summaries]
     run_rows = comparison_rows(contents.runs, contents.summaries)
     rows = group_rows(run_rows, contents.canaries)

@@ -36,6 +36,7 @@ from fedpriv.memorization.task_sampling import LossScorer, audit_task_canary
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.rundir import AUDIT_JSON, AUDIT_MD, CANARIES, EMPIRICAL, EMPIRICAL_CANARIES, LEDGER, RunDir, along_audit
 from fedpriv.runner.prepare import prepare
+from fedpriv.training.loop import all_finite
 from fedpriv.training.prepared import Prepared
 
 
@@ -52,6 +53,7 @@ def load_run(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None 
     cfg = run.experiment_config()
     if cfg.canaries is None:
         raise FedprivError(f"{run.path}: the experiment has no [canaries] section, so there is nothing to audit")
+    verify_run(run, cfg)
     if prepared is None:
         prepared = prepare(cfg, log)
     elif prepared.config != cfg:
@@ -60,6 +62,7 @@ def load_run(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None 
         raise FedprivError(f"{run.file(CANARIES)} differs from the canaries this fedpriv plants for the run's config")
     template = prepared.task.init_params(jax.random.key(0))
     params, source = run.load_params(template)
+    check_finite_params(run, params, source)
     return prepared, params, source
 
 
@@ -79,6 +82,24 @@ def check_writable(run: RunDir, names: list[str], command: str) -> None:
                     pass
     except OSError as e:
         raise FedprivError(f"{what}: cannot write there ({e.strerror or e}); {command} writes {' and '.join(names)} into the run directory: make it writable first") from None
+def private_run(cfg: ExperimentConfig) -> bool:
+    """Whether the run records a privacy ledger (DP-SGD or DP-FedAvg with noise)."""
+    return (cfg.privacy is not None and cfg.privacy.private) or (cfg.federated is not None and cfg.federated.dp is not None)
+
+
+def verify_run(run: RunDir, cfg: ExperimentConfig) -> None:
+    """Refuse a run whose checkpoint, state file, privacy ledger, parameters or vocabulary
+    disagree with the digests recorded at training (:meth:`fedpriv.rundir.RunDir.verify`), or
+    whose final parameters are not finite; before any data is prepared."""
+    run.verify(private_run(cfg))
+    if run.has_params():
+        check_finite_params(run, run.read_params_tree(), "final parameters")
+
+
+def check_finite_params(run: RunDir, params: Any, source: str) -> None:
+    """Refuse parameters holding NaN or infinity (a diverged run): no audit number means anything for them."""
+    if not bool(all_finite(params)):
+        raise FedprivError(f"{run.path}: the {source} hold non-finite values (NaN or infinity): the run diverged, so there is nothing to audit; train it again with a lower learning rate (--restart)")
 
 
 def audit_run(
@@ -190,6 +211,7 @@ def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] 
     if not cfg.audit.empirical:
         raise FedprivError(f"{run.path}: trained without audit canaries; set [audit] empirical = true and train again")
     check_writable(run, [EMPIRICAL], "fedpriv audit --empirical")
+    verify_run(run, cfg)
     canaries = AuditCanaries.load(run.path)
     if prepared is None:
         prepared = prepare(cfg, log)
@@ -200,6 +222,7 @@ def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] 
     task = prepared.task
     t0 = time.perf_counter()
     params, source = run.load_params(task.init_params(jax.random.key(0)))
+    check_finite_params(run, params, source)
     say(f"empirical audit of {run.path} ({source}): {canaries.count} {canaries.kind} canaries, {int(canaries.included.sum())} members")
     if canaries.kind == "client":
         scores = direction_scores(canaries.seed, canaries.count, prepared.initial_params(cfg.seed), params)

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.config import ExperimentConfig, check_kind, load_config, read_toml
-from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, TrainingDiverged
+from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, RunDirInUse, TrainingDiverged
+from fedpriv.privacy.delta import large_delta_note, large_delta_problem
 from fedpriv.training.prepared import Prepared
 
 
@@ -41,7 +42,7 @@ def in_run(where: str, fn: Callable[..., Any], *args: Any) -> Any:
     """``fn(*args)``, a FedprivError's message prefixed with ``where`` (the run it belongs to)."""
     try:
         return fn(*args)
-    except (TrainingDiverged, ConfigChanged):
+    except (TrainingDiverged, ConfigChanged, RunDirInUse):
         raise
     except FedprivError as e:
         if where in str(e):
@@ -50,8 +51,9 @@ def in_run(where: str, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def check_prepared(prepared: Prepared, kind: str) -> list[str]:
-    """Stage 2: refuse what the prepared data makes impossible (ConfigError naming the key);
-    return warnings (e.g. delta above 1/N of the privacy unit)."""
+    """Stage 2: refuse what the prepared data makes impossible (ConfigError naming the key), a
+    delta of at least 1/N of the privacy unit included unless ``prepared.allow_large_delta``;
+    return warnings (e.g. what such an allowed delta means)."""
     cfg = prepared.config
     records = len(prepared.train_arrays["mask"])
     counts = prepared.train.counts()
@@ -59,8 +61,11 @@ def check_prepared(prepared: Prepared, kind: str) -> list[str]:
     warnings: list[str] = []
 
     def delta_warning(key: str, delta: float, n: int, unit: str) -> None:
-        if delta > 1.0 / n:
-            warnings.append(f"{key} = {delta:g} exceeds 1/N = {1.0 / n:.3g} for N = {n} {unit}s: a mechanism that publishes one {unit} in the clear meets it; use delta well below 1/N")
+        problem = large_delta_problem(key, delta, n, unit)
+        if problem and not prepared.allow_large_delta:
+            raise ConfigError(problem)
+        if problem:
+            warnings.append(large_delta_note(key, delta, n, unit))
 
     if kind == "central":
         b, p = cfg.training.batch_size, cfg.privacy
@@ -120,7 +125,8 @@ class CheckedFile:
     experiment: bool
 
 
-def check_file(path: str | Path, static: bool = False, log: Callable[[str], None] | None = None, overrides: dict[str, Any] | None = None) -> CheckedFile:
+def check_file(path: str | Path, static: bool = False, log: Callable[[str], None] | None = None, overrides: dict[str, Any] | None = None,
+               allow_large_delta: bool = False) -> CheckedFile:
     """Every check training would make on the config or experiment file at ``path`` (with
     ``overrides``, ``--set``), without training. ``static``: the config's keys, the runs' kinds
     and plug-in tasks' imports only, no data read."""
@@ -154,7 +160,7 @@ def check_file(path: str | Path, static: bool = False, log: Callable[[str], None
         key = data_key(r.config)
         if key not in prepared_by_key:
             prepared_by_key[key] = in_run(where[r.name], prepare, r.config, log)
-        prepared = dataclasses.replace(prepared_by_key[key], config=r.config)
+        prepared = dataclasses.replace(prepared_by_key[key], config=r.config, allow_large_delta=allow_large_delta)
         r.warnings = in_run(where[r.name], check_prepared, prepared, r.kind)
         in_run(where[r.name], build_trainer_parts, prepared, r.kind, log)
     return checked

@@ -35,7 +35,7 @@ from typing import Any
 from fedpriv.config import changed_keys, check_kind, normalized_config
 from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.jsonio import write_json_atomic
-from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir, read_store_record
+from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir, hold, read_store_record
 from fedpriv.runner.audit import audit_run, auditable, empirical_audit
 from fedpriv.runner.checks import data_key, in_run
 from fedpriv.runner.dispatch import train_run
@@ -98,12 +98,14 @@ def run_experiment(
     log: Callable[[str], None] | None = None,
     restart: bool = False,
     only: list[str] | None = None,
+    allow_large_delta: bool = False,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
     (see the module docstring). ``stop_after``: stop the first run that trains once it has done
     this many more steps or rounds, with a checkpoint (a kill). ``restart``: start runs whose
     config changed, and failed runs, afresh. ``only``: these runs (by name) and no other; a run
-    they start from must be among them or finished already.
+    they start from must be among them or finished already. ``allow_large_delta``: a delta >= 1/N
+    warns instead of refusing (:func:`fedpriv.runner.checks.check_prepared`).
     Returns (store, summaries of the finished runs, whether every run finished or failed:
     :func:`failures` names the failed ones)."""
     say = log or (lambda _m: None)
@@ -113,7 +115,15 @@ def run_experiment(
         check_kind(spec.config, spec.kind, f"{path}: run {spec.name!r}")
     store = Path(store) if store is not None else Path("runs") / name
     chosen = select_runs(specs, only, lambda ref: RunDir(store / ref).has_summary())
-    store.mkdir(parents=True, exist_ok=True)
+    with hold(store, "store"):  # one process per store; a folder that is not a store is refused
+        return _run_store(path, store, experiment, chosen, stop_after, say, restart, only, log, overrides, allow_large_delta)
+
+
+def _run_store(path: str | os.PathLike[str], store: Path, experiment: Any, chosen: list[RunSpec], stop_after: int | None, say: Callable[[str], None], restart: bool,
+               only: list[str] | None, log: Callable[[str], None] | None, overrides: dict[str, Any] | None,
+               allow_large_delta: bool = False) -> tuple[Path, list[dict[str, Any]], bool]:
+    """:func:`run_experiment`'s body, under the store's lock."""
+    name, specs, measures = experiment.name, experiment.runs, experiment.measures
     fresh = check_store(store, name, specs, restart)
     left_out = [n for n in fresh if n not in {s.name for s in chosen}]
     if left_out:  # its record would be replaced while its files stay those of the old config
@@ -145,51 +155,52 @@ def run_experiment(
         def prefixed(m: str, tag: str = tag) -> None:
             say(f"{tag} {m}")
 
-        if run.has_summary():
-            summaries.append(run.summary())
-            say(f"{tag} complete, skipped")
-            continue
-        failed = run.failure()
-        if failed is not None:
-            say(f"{tag} failed earlier, skipped ({failed['reason']}); pass --restart to train it afresh")
-            continue
-        run.create()
-        refs = run_refs(spec.config)
-        spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
-        key = data_key(spec.config)
-        where = f"{path}: run {spec.name!r}"
-        if key not in prepared_by_key:
-            prepared_by_key[key] = in_run(where, prepare, spec.config, prefixed)
-        tuned = None
-        if spec.tune:  # learning rates chosen on the validation users; recorded in STORE/tune/
-            tuned = in_run(where, tune_run, spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)
-            spec = tuned_spec(spec, tuned)
-        run.write_json(RUN_CONFIG, spec.raw)
-        prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
-        t0 = time.perf_counter()
-        if not run.has_params():
-            try:
-                done = in_run(where, _train, spec, prepared, run, stop_after, prefixed if log else None)
-            except TrainingDiverged as e:
-                say(f"{tag} failed: {e}")
+        with hold(run.path, "run"):  # a `fedpriv train` or `fedpriv audit` of this run must wait
+            if run.has_summary():
+                summaries.append(run.summary())
+                say(f"{tag} complete, skipped")
                 continue
-            if not done:
-                say(f"{tag} stopped with a checkpoint; run the same command again to resume")
-                return store, summaries, False
-        if auditable(spec.config):
-            in_run(where, audit_run, run.path, None, prefixed, prepared)
-        if spec.config.audit.empirical and spec.config.data.train_on != "public" and not run.has(EMPIRICAL):  # the public model holds no audit canaries
-            in_run(where, empirical_audit, run.path, prefixed, prepared)
-        summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
-        if tuned is not None:
-            summary["tuned"] = {"winner": tuned["winner"], "metric": tuned["metric"], "record": f"{TUNE_DIR}/{tuned['group']}.json"}
-        run.write_summary(summary)
-        summaries.append(summary)
-        trained += 1
-        left = len(specs) - i - 1
-        if left:
-            per_run = (time.perf_counter() - t_all) / trained
-            say(f"{tag} done; {left} run(s) left, about {per_run * left / 60:.1f} min at this pace")
+            failed = run.failure()
+            if failed is not None:
+                say(f"{tag} failed earlier, skipped ({failed['reason']}); pass --restart to train it afresh")
+                continue
+            run.create()
+            refs = run_refs(spec.config)
+            spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
+            key = data_key(spec.config)
+            where = f"{path}: run {spec.name!r}"
+            if key not in prepared_by_key:
+                prepared_by_key[key] = dataclasses.replace(in_run(where, prepare, spec.config, prefixed), allow_large_delta=allow_large_delta)
+            tuned = None
+            if spec.tune:  # learning rates chosen on the validation users; recorded in STORE/tune/
+                tuned = in_run(where, tune_run, spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)
+                spec = tuned_spec(spec, tuned)
+            run.write_json(RUN_CONFIG, spec.raw)
+            prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
+            t0 = time.perf_counter()
+            if not run.has_params():
+                try:
+                    done = in_run(where, _train, spec, prepared, run, stop_after, prefixed if log else None)
+                except TrainingDiverged as e:
+                    say(f"{tag} failed: {e}")
+                    continue
+                if not done:
+                    say(f"{tag} stopped with a checkpoint; run the same command again to resume")
+                    return store, summaries, False
+            if auditable(spec.config):
+                in_run(where, audit_run, run.path, None, prefixed, prepared)
+            if spec.config.audit.empirical and spec.config.data.train_on != "public" and not run.has(EMPIRICAL):  # the public model holds no audit canaries
+                in_run(where, empirical_audit, run.path, prefixed, prepared)
+            summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
+            if tuned is not None:
+                summary["tuned"] = {"winner": tuned["winner"], "metric": tuned["metric"], "record": f"{TUNE_DIR}/{tuned['group']}.json"}
+            run.write_summary(summary)
+            summaries.append(summary)
+            trained += 1
+            left = len(specs) - i - 1
+            if left:
+                per_run = (time.perf_counter() - t_all) / trained
+                say(f"{tag} done; {left} run(s) left, about {per_run * left / 60:.1f} min at this pace")
     if only is not None and not all(RunDir(store / r["name"]).has_summary() for r in record["runs"]):
         if measures:
             say("the [[measure]] entries wait until every run of the experiment is finished")

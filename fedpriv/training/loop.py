@@ -48,7 +48,7 @@ import numpy as np
 
 from fedpriv.config import changed_keys, normalized_config
 from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
-from fedpriv.rundir import RunDir
+from fedpriv.rundir import RunDir, ledger_record
 from fedpriv.tasks.base import Batch, Params, Task, add_sums, degenerate, pad_batch
 
 
@@ -152,6 +152,11 @@ class Stepper:
     def resume(self, run: RunDir, done: int) -> None:
         """Restore it when the run resumes after ``done`` steps."""
 
+    def ledger(self) -> Any:
+        """The privacy ledger :meth:`save` writes (a :class:`~fedpriv.privacy.ledger.PrivacyLedger`),
+        or None for a run without DP noise; each checkpoint records its step count and digest."""
+        return None
+
 
 @dataclass(frozen=True)
 class Target:
@@ -242,7 +247,9 @@ def run_loop(
         state, meta = resumed
         if meta.get("kind", "central") != stepper.kind:
             raise FedprivError(f"{run.path} holds a checkpoint of a {meta.get('kind', 'central')} run, not a {stepper.kind} one; {RESTART_HINT}")
+        config_meta = {**config_meta, "assets": run.asset_digests()}
         check_resumable(run, config_meta)
+        run.verify_ledger(meta, stepper.ledger() is not None)
         start = int(meta["step"])
         pending = list(meta.get("pending", []))
         kept_stop = meta.get("stopped")
@@ -250,6 +257,7 @@ def run_loop(
         run.truncate_metrics(start)
     else:
         run.clear_metrics()
+        config_meta = {**config_meta, "assets": run.asset_digests()}
     run.write_config(dict(config_meta))
 
     eval_sets = dict(eval_sets or {})
@@ -316,7 +324,9 @@ def run_loop(
                 progress.note(stepper.describe(done, row, evals, time.perf_counter() - t0, done - start))
             if done % stepper.checkpoint_every == 0 or end or halt:
                 check_finite("params")
-                run.save_checkpoint(state, {"step": done, "kind": stepper.kind, "pending": pending, **({"stopped": stopped} if stopped else {})})
+                ledger = stepper.ledger()
+                run.save_checkpoint(state, {"step": done, "kind": stepper.kind, "pending": pending, **({"stopped": stopped} if stopped else {}),
+                                            **({"ledger": ledger_record(ledger)} if ledger is not None else {})})
                 stepper.save(run, done)
             progress.advance(done, f"loss {info['loss']:.3f}" if isinstance(info.get("loss"), float) else "")
             if halt:

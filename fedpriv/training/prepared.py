@@ -18,7 +18,7 @@ from fedpriv.memorization.empirical import AuditCanaries
 from fedpriv.rundir import DATA, PRIVATIZE, RunDir
 from fedpriv.tasks.base import Batch, Task
 from fedpriv.tasks.base import Params
-from fedpriv.training.loop import Target, init_key
+from fedpriv.training.loop import Target, check_resumable, init_key
 from fedpriv.training.warmstart import load_warm_start, utility_target
 
 
@@ -37,11 +37,21 @@ class Prepared:
     audit_canaries: AuditCanaries | None = None
     #: What preparing decided on its own: notes, examples cut per split (:func:`fedpriv.runner.prepare.data_record`).
     data: dict[str, Any] | None = None
+    #: The user allowed a delta >= 1/N (``--allow-large-delta``): checked data warns instead of refusing.
+    allow_large_delta: bool = False
 
     def save_assets(self, run_dir: str | os.PathLike[str]) -> None:
         """What an audit or a later run needs besides the parameters: the task's assets (e.g. a
         tokenizer), the canary manifest, and ``privatize.json`` (the local-privacy stage: mechanism,
-        parameters, embeddings and guarantee), and ``data.json`` (:attr:`data`)."""
+        parameters, embeddings and guarantee), and ``data.json`` (:attr:`data`). Vocabulary files
+        that differ from the digests the run's ``config.json`` recorded are refused first
+        (:meth:`fedpriv.rundir.RunDir.check_assets`), and so is a run to resume whose config changed
+        (the loop would refuse it; its vocabulary must not be replaced first)."""
+        run = RunDir(run_dir)
+        run.check_assets()
+        meta = run.config_meta()
+        if meta is not None and "experiment" in meta and run.checkpoint_meta() is not None:
+            check_resumable(run, {**meta, "experiment": self.config.model_dump()})
         self.task.save_assets(run_dir)
         if self.canaries is not None:
             self.canaries.save(run_dir)

@@ -7,6 +7,7 @@ import pytest
 
 from fedpriv import cli
 from fedpriv.cli.vocab import vocab_app
+from fedpriv.rundir import MARKER
 from fedpriv.vocab.build import build_vocab
 from fedpriv.vocab.word import WordVocab
 from fedpriv.vocab.wordpiece import WordPieceVocab
@@ -34,7 +35,7 @@ def test_shakespeare_wordpiece_gaussian(tmp_path, capsys):
     assert r["vocabulary"]["vocab_size"] <= 1500 and r["non_private"]["vocab_size"] == 1500
     assert r["vocabulary"]["pieces_per_word"] > r["non_private"]["pieces_per_word"]  # what privacy costs
     assert "adding or removing one 16-word tuple" in r["guarantee"]
-    assert sorted(p.name for p in out.iterdir()) == ["histogram.tsv", "report.json", "vocab.txt"]
+    assert sorted(p.name for p in out.iterdir()) == [MARKER, "histogram.tsv", "report.json", "vocab.txt"]
     assert json.loads((out / "report.json").read_text()) == r
     v = WordPieceVocab.load(out / "vocab.txt")
     assert len(v) == r["vocabulary"]["vocab_size"]

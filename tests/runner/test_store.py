@@ -78,15 +78,17 @@ def test_restarting_only_some_runs_refuses_when_another_changed_too(tmp_path):
     from fedpriv.errors import ConfigChanged
     from fedpriv.jsonio import write_json_atomic
     from fedpriv.runner.grid import read_experiment
+    from fedpriv.rundir import LOCK, MARKER, claim
     from fedpriv.runner.store import run_experiment
 
     exp, store = tmp_path / "exp.toml", tmp_path / "store"
     exp.write_text(EXPERIMENT.replace("BOOM_LR", "0.5"))
     old = read_experiment(exp)
-    write_json_atomic(store.mkdir() or store / "experiment.json", {"name": old.name, "runs": [s.record() for s in old.runs]})
+    write_json_atomic(claim(store, "store") / "experiment.json", {"name": old.name, "runs": [s.record() for s in old.runs]})
     for s in old.runs:
-        (store / s.name).mkdir()
+        claim(store / s.name, "run")
     exp.write_text(EXPERIMENT.replace("BOOM_LR", "0.5").replace("steps = 4", "steps = 6"))  # both runs change
     with pytest.raises(ConfigChanged, match=r"store/boom: the run's config changed too; add it to --only"):
         run_experiment(exp, store, restart=True, only=["ok"])
-    assert sorted(p.name for p in store.iterdir()) == ["boom", "experiment.json", "ok"] and not any((store / "ok").iterdir())
+    assert sorted(p.name for p in store.iterdir() if p.name not in (MARKER, LOCK)) == ["boom", "experiment.json", "ok"]
+    assert [p.name for p in (store / "ok").iterdir()] == [MARKER]

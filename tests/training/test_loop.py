@@ -75,7 +75,7 @@ def test_rows_evaluations_and_checkpoints_follow_their_cadence(tmp_path):
     assert rows[3]["n"] == 1  # the last row holds only step 7
     assert rows[2]["w"] == pytest.approx(21.0) and rows[4]["w"] == pytest.approx(28.0)  # 1+..+6, 1+..+7
     assert s.saved == [4, 7] and res.done == 7 and float(res.params["w"]) == 28.0
-    assert RunDir(tmp_path).has_params() and json.loads((tmp_path / "config.json").read_text()) == {"experiment": {}}
+    assert RunDir(tmp_path).has_params() and json.loads((tmp_path / "config.json").read_text()) == {"experiment": {}, "assets": {}}
 
 
 def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path):

@@ -41,6 +41,7 @@ from fedpriv.engines.flower.strategy import ARRAYS, CONFIG, METRICS, FedprivStra
 from fedpriv.engines.setup import FederatedSetup, train_federated
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.logs import setup as setup_logs
+from fedpriv.rundir import hold
 from fedpriv.training.loop import LoopResult
 from fedpriv.training.prepared import Prepared
 
@@ -180,7 +181,8 @@ def serve(grid: Grid, prepared: Prepared, run_dir: str, stop_after: int | None =
     n = wait_for_nodes(grid, setup.fcfg.flower.num_supernodes, node_wait_s, log)
     log(f"{n} SuperNode(s) connected")
     engine = FlowerEngine(strategy, grid, setup.fcfg.flower.round_timeout_s)
-    return train_federated(setup, engine, run_dir, stop_after, log)
+    with hold(run_dir, "run"):  # `flwr run`: the ServerApp's process owns the run directory (in a simulation, this process already does)
+        return train_federated(setup, engine, run_dir, stop_after, log)
 
 
 def make_server_app(
