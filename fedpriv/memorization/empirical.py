@@ -40,9 +40,10 @@ from fedpriv.data.stores import MemoryStore
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.memorization.canaries import canary_word_pool
+from fedpriv.privacy.streams import AUDIT_CANARY, stream_key
 from fedpriv.rundir import EMPIRICAL_CANARIES
 
-EMPIRICAL_STREAM = 0xE4B1
+EMPIRICAL_STREAM = AUDIT_CANARY.id
 CANARY_USER_PREFIX = "__audit_canary__"
 SIGNIFICANCE = 0.05
 LOW_FPR = 0.01
@@ -143,7 +144,7 @@ def canary_scores(task: Any, params: Any, canaries: AuditCanaries, batch: int = 
 
 
 def _key(seed: int, index: int | jax.Array) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), EMPIRICAL_STREAM), index)
+    return jax.random.fold_in(stream_key(seed, AUDIT_CANARY), index)
 
 
 @jax.jit

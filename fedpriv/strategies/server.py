@@ -26,12 +26,13 @@ import optax
 from fedpriv.config import FederatedConfig
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.budget import DPBudget
+from fedpriv.privacy.streams import DP_FEDAVG, stream_key
 from fedpriv.strategies.aggregators import AdaptiveClipping, Aggregator, ClippedMean, DeltaAccumulator, GaussianNoise, WeightedMean
 from fedpriv.strategies.sampling import CohortSampler
 from fedpriv.tasks.base import Params
 from fedpriv.training.optimizers import make_optimizer
 
-NOISE_STREAM = 0x401_5E
+NOISE_STREAM = DP_FEDAVG.id
 STRATEGY_LABELS = {"fedavg": "FedAvg", "fedavg-clip": "FedAvg+Clip", "dp-fedavg": "DP-FedAvg"}
 
 
@@ -72,7 +73,7 @@ class ServerCore:
             self.budget = DPBudget(template, d.noise_multiplier, d.target_epsilon, d.delta, d.accountant, d.epsilon_budget, "federated.dp", "round", log)
         self.noise_multiplier = self.budget.noise_multiplier if self.budget is not None else 0.0
         self.aggregator = make_aggregator(fcfg, self.m, self.noise_multiplier)
-        self.noise_base = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)
+        self.noise_base = stream_key(seed, DP_FEDAVG)
         tx = self.tx
 
         def apply(params, opt_state, average):
