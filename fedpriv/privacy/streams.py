@@ -133,3 +133,53 @@ def _check_registry(streams: Any = STREAMS) -> None:
 
 
 _check_registry()
+
+
+#: Appended to every guarantee of a training run whose noise is reproducible from its seed.
+SIMULATION_NOTE = "simulation: the noise is reproducible from the run's seed; a released model needs --secure-noise"
+#: Appended to the guarantee of a --secure-noise run.
+SECURE_NOTE = "secure noise: every noise and sampling draw comes from a secret key that is not stored"
+
+
+@dataclass(frozen=True)
+class NoiseSeed:
+    """Where a training run's noise and sampling come from.
+
+    ``root``: the stream root (an int seed, or a secret key); ``entropy``: what numpy samplers seed
+    with (``default_rng([entropy, ...])``): the run's seed for a simulation, the 128-bit secret
+    for a secure run; ``fingerprint``: SHA-256 of the secret (None for a simulation), recorded so
+    a resumed run can check that it was given the same secret (a 128-bit secret cannot be
+    recovered from it).
+
+    >>> s = NoiseSeed.simulation(7)
+    >>> (s.root, s.entropy, s.secure)
+    (7, 7, False)
+    >>> t = NoiseSeed.from_secret(bytes(16))
+    >>> t.secure, t.entropy, len(t.fingerprint)
+    (True, 0, 64)
+    """
+
+    root: Any
+    entropy: int
+    fingerprint: str | None = None
+
+    @property
+    def secure(self) -> bool:
+        return self.fingerprint is not None
+
+    @staticmethod
+    def simulation(seed: int) -> "NoiseSeed":
+        return NoiseSeed(int(seed), int(seed))
+
+    @staticmethod
+    def from_secret(secret: bytes) -> "NoiseSeed":
+        """A secure noise seed from a secret of at least 16 bytes (128 bits)."""
+        import hashlib
+
+        if len(secret) < 16:
+            raise ValueError(f"a noise secret needs at least 16 bytes (128 bits), got {len(secret)}")
+        return NoiseSeed(secret_root_from(secret), int.from_bytes(secret[:16], "little"), hashlib.sha256(b"fedpriv-noise-secret:" + secret).hexdigest())
+
+    def note(self) -> str:
+        """The line every guarantee of the run carries (:data:`SIMULATION_NOTE` or :data:`SECURE_NOTE`)."""
+        return SECURE_NOTE if self.secure else SIMULATION_NOTE
