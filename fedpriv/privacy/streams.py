@@ -63,8 +63,11 @@ CLIENT = Stream("client", 0xC11E, "round, then user, then local step (client-sid
 AUDIT_CANARY = Stream("audit_canary", 0xE4B1, "canary index (the canary client's random direction)", "memorization/empirical.py")
 DP_FEDAVG = Stream("dp_fedavg", 0x4015E, "round (Gaussian noise of the round; adaptive clipping splits it)", "strategies/server.py")
 PRIVATIZE = Stream("privatize", 0x8D15_0001, "user index (corpus order), then token index over its examples", "privacy/local/corpus.py")
+LOCAL_INPUTS = Stream(
+    "local_inputs", 0x8D15_0002, "the example's 64-bit content hash as two uint32 words, then piece position (user-side M_txt of BERT inputs)", "tasks/local_inputs.py LocalInputs.fixed"
+)
 
-STREAMS: tuple[Stream, ...] = (INIT, STEP, CLIENT, AUDIT_CANARY, DP_FEDAVG, PRIVATIZE)
+STREAMS: tuple[Stream, ...] = (INIT, STEP, CLIENT, AUDIT_CANARY, DP_FEDAVG, PRIVATIZE, LOCAL_INPUTS)
 
 #: numpy ``default_rng([seed, id, ...])`` streams (their own name space, not jax keys).
 NUMPY_STREAMS: dict[str, int] = {
