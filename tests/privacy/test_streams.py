@@ -130,3 +130,29 @@ def test_secret_roots_are_fresh_and_64_bit():
     a, b = secret_root(), secret_root()
     assert data(a) != data(b)
     assert data(secret_root_from(bytes(range(8)))) == (0x03020100, 0x07060504)
+
+
+def test_the_docstring_examples_run():
+    """The ``>>>`` examples of the modules this issue added to (pytest does not collect doctests)."""
+    import doctest
+
+    import fedpriv.memorization.empirical as empirical
+    import fedpriv.privacy.local.corpus as corpus
+    import fedpriv.privacy.streams as streams
+
+    for module in (streams, corpus, empirical):
+        result = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
+
+
+def test_audit_relations_under_fixed_size_sampling():
+    """Audit canaries are added or removed; under fixed-size sampling the accountant's epsilon is
+    replace-one, which does not bound them: the audit says so instead of comparing (point 8)."""
+    from fedpriv.memorization.empirical import audit_relations
+
+    fixed = audit_relations("user", "fixed")
+    assert fixed["relation"] == "add-or-remove-one user" and fixed["accountant_relation"] == "replace-one user"
+    assert fixed["accountant_bounds_audit"] is False and "does not bound" in fixed["relation_note"]
+    poisson = audit_relations("example", "poisson")
+    assert poisson["accountant_bounds_audit"] is True and poisson["relation_note"] is None
+    assert audit_relations("user", None)["accountant_relation"] is None
