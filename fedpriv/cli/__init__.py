@@ -421,7 +421,7 @@ def demo(
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, set_, True, as_json, None, False, only)
+    run_cmd(config, out_dir, set_, True, as_json, None, False, only, False)
 
 
 def _one_line(message: str) -> str:

@@ -11,7 +11,7 @@ import pytest
 
 from fedpriv.data.examples import TextExample
 from fedpriv.privacy.local.embeddings import EmbeddingSpace
-from fedpriv.privacy.streams import AUDIT_CANARY, CLIENT, DP_FEDAVG, INIT, PRIVATIZE, STEP, STREAMS, secret_root, secret_root_from, stream_key
+from fedpriv.privacy.streams import AUDIT_CANARY, CLIENT, DP_FEDAVG, INIT, LOCAL_INPUTS, PRIVATIZE, STEP, STREAMS, secret_root, secret_root_from, stream_key
 
 #: The most users, steps/rounds, tokens per user and canaries a run can reach (issue 30).
 MAX_USERS, MAX_STEPS = 10**7, 10**7
@@ -70,7 +70,7 @@ def test_streams_are_disjoint_for_every_reachable_index():
     # The ids below 1e7 are the legacy ones a simulation's keys were always drawn from; no
     # mechanism folds a user, step or token into the root itself any more, so these are reached
     # only as stream ids. The privatization stream sits above every index a run can reach.
-    assert PRIVATIZE.id >= max(MAX_USERS, MAX_STEPS)
+    assert min(PRIVATIZE.id, LOCAL_INPUTS.id) >= max(MAX_USERS, MAX_STEPS)
     root = jax.random.key(0)
     idx = jnp.arange(2000, dtype=jnp.uint32)
     first = {data(stream_key(root, s)) for s in STREAMS}
@@ -87,7 +87,9 @@ def test_the_old_privatize_scheme_is_what_this_check_catches():
     """The disjointness check above can fail: privatize's old keys ``fold_in(key(seed), user)``
     reach every first-level value below the number of users, hence every legacy stream id."""
     old_first_level = range(MAX_USERS)
-    assert all(s.id in old_first_level for s in STREAMS if s is not PRIVATIZE)
+    simulation_streams = [s for s in STREAMS if s not in (PRIVATIZE, LOCAL_INPUTS)]
+    assert len(simulation_streams) == 5 and all(s.id in old_first_level for s in simulation_streams)
+    assert PRIVATIZE.id not in old_first_level and LOCAL_INPUTS.id not in old_first_level
 
 
 @pytest.mark.slow

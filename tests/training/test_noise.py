@@ -106,3 +106,13 @@ def test_secure_noise_config_is_checked(tmp_path, monkeypatch):
     monkeypatch.setenv(SECRET_ENV, "ab" * 8)
     with pytest.raises(ConfigError, match="at least 128"):
         noise_seed(cfg)
+
+
+def test_the_secure_noise_flag_refuses_runs_without_dp_noise_in_one_line(capsys):
+    """--secure-noise on a run (or an experiment) that adds no DP noise: exit 2, one line, before
+    any data is read."""
+    from fedpriv.cli import main
+
+    assert main(["train", "federated", "experiments/fedavg-shakespeare-quick.toml", "--secure-noise"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedpriv: error:") and "adds no DP noise" in err and len(err.splitlines()) == 1
