@@ -351,6 +351,7 @@ class PrivacyConfig(_Strict):
     epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a step would exceed this epsilon")
     accountant: Literal["rdp", "pld"] = "rdp"
     private: bool = Field(True, description="false: clipping without noise, a control that claims no privacy (needs noise_multiplier = 0; no epsilon is reported)")
+    secure_noise: bool = Field(False, description="draw the DP noise and the sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
 
     @model_validator(mode="after")
     def _check(self) -> "PrivacyConfig":
@@ -381,6 +382,7 @@ class FederatedDPConfig(_Strict):
     target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
     clip_learning_rate: float = Field(0.2, gt=0.0)
     clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
+    secure_noise: bool = Field(False, description="draw the server noise and the cohort sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
 
     @model_validator(mode="after")
     def _check(self) -> "FederatedDPConfig":
@@ -479,6 +481,8 @@ class FederatedConfig(_Strict):
             raise ValueError("strategy = 'dp-fedavg' needs a [federated.dp] table: delta, and noise_multiplier or target_epsilon")
         if self.dp is not None and self.dp.accountant == "pld" and self.sampling == "fixed":
             raise ValueError("dp.accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
+        if self.dp is not None and self.dp.secure_noise and self.client_dp is not None:
+            raise ValueError("dp.secure_noise covers the server's noise and sampling; client-side DP-SGD ([federated.client_dp]) draws its noise from the seed: drop one of them")
         return self
 
 

@@ -47,9 +47,10 @@ from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, noise_and_normalize
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
+from fedpriv.privacy.streams import STEP, NoiseSeed, stream_key
 from fedpriv.rundir import LEDGER, RunDir
 from fedpriv.tasks.base import Batch, Task
-from fedpriv.training.loop import gather, step_key_base
+from fedpriv.training.loop import gather
 
 
 class DPSGDStepper(CentralStepper):
@@ -66,13 +67,16 @@ class DPSGDStepper(CentralStepper):
         total_steps: int,
         log=None,  # noqa: ANN001
         user_counts: np.ndarray | None = None,
+        noise: NoiseSeed | None = None,
     ):
+        # noise: where the DP noise and the sampling come from (default: the seed, a simulation).
+        self.noise = noise if noise is not None else NoiseSeed.simulation(seed)
         b_logical = cfg.batch_size
         self.user_batches: UserBatches | None = None
         if dp.unit == "user":
             if user_counts is None:
                 raise FedprivError("user-level DP-SGD needs the training users' example counts")
-            self.user_batches = UserBatches(user_counts, dp.sampling, b_logical, total_steps, dp.examples_per_user, seed)
+            self.user_batches = UserBatches(user_counts, dp.sampling, b_logical, total_steps, dp.examples_per_user, self.noise.entropy)
             n, self.group = self.user_batches.num_users, dp.examples_per_user
         else:
             n, self.group = len(train["mask"]), 1
@@ -98,12 +102,12 @@ class DPSGDStepper(CentralStepper):
         micro = self.T if dp.noise_mode == "per-micro-step" else 1
         self.draws = shards * micro
         template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, dp.unit, shards, micro)
-        self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say)
+        self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say, self.noise.note())
         self.sigma = self.budget.noise_multiplier
         if self.budget.event is None:
             say("noise multiplier 0: clipping only, no privacy guarantee")
         self.q = b_logical / n
-        self.base_key = step_key_base(seed)
+        self.base_key = stream_key(self.noise.root, STEP)  # = step_key_base(seed) for a simulation
         self._clip = self._choose_clipping(say)
         self._build(say)
 
@@ -161,7 +165,7 @@ class DPSGDStepper(CentralStepper):
         if self.user_batches is not None:
             return self.user_batches.indices(step)
         n = len(self.train["mask"])
-        rng = np.random.default_rng([self.seed, step, 0xD5])
+        rng = np.random.default_rng([self.noise.entropy, step, 0xD5])
         if self.dp.sampling == "poisson":
             return np.flatnonzero(rng.random(n) < self.q)
         return np.sort(rng.choice(n, size=self.cfg.batch_size, replace=False))

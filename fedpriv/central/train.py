@@ -15,6 +15,7 @@ from fedpriv.errors import FedprivError
 from fedpriv.rundir import RunDir
 from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.training.loop import LoopResult, Target, run_loop
+from fedpriv.training.noise import check_secret_on_resume, noise_meta, noise_seed
 from fedpriv.training.optimizers import make_optimizer
 from fedpriv.training.prepared import Prepared
 
@@ -69,7 +70,7 @@ def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None
     tx = training_optimizer(cfg.training, steps)
     if cfg.privacy is None:
         return SGDStepper(prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, tx, steps)
-    return DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts())
+    return DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts(), noise_seed(cfg))
 
 
 def train_prepared_central(prepared: Prepared, run_dir: str | os.PathLike[str], stop_after: int | None = None, log: Callable[[str], None] | None = None) -> LoopResult:
@@ -79,8 +80,11 @@ def train_prepared_central(prepared: Prepared, run_dir: str | os.PathLike[str], 
     RunDir(run_dir).create()
     prepared.save_assets(run_dir)
     stepper = central_stepper(prepared, log)
+    noise = getattr(stepper, "noise", None)
+    if noise is not None:
+        check_secret_on_resume(run_dir, noise)
     return train_central(
         prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, run_dir,
-        eval_sets=prepared.eval_arrays, stepper=stepper, stop_after=stop_after, log=log, extra_meta={"experiment": cfg.model_dump()},
+        eval_sets=prepared.eval_arrays, stepper=stepper, stop_after=stop_after, log=log, extra_meta={"experiment": cfg.model_dump(), **(noise_meta(noise) if noise else {})},
         target=prepared.target(), snapshots=cfg.audit.along, initial=prepared.initial_params(cfg.seed),
     )

@@ -7,6 +7,10 @@ with a cycle of 1) or fixed-size (exactly B of N users without replacement, inde
 every step: ``FixedBatchSampling``), the assumptions the accountant makes for add-or-remove-one
 and replace-one user. The iterator is replayed from the start when a run resumes, so step i's
 batch is a function of (seed, i), as every other batch in fedpriv.
+
+N, the population the accountant is told (``num_users``), is the number of users the sampler
+can draw: those with at least one example (:func:`sampled_population`); a user without examples is
+never sampled, so counting it would understate q = B/N.
 """
 
 from __future__ import annotations
@@ -21,13 +25,18 @@ from fedpriv.errors import PrivacyParameterError
 USER_STREAM = 0x05E5
 
 
+def sampled_population(counts: np.ndarray) -> int:
+    """N: the users with at least one example, the only ones the sampler draws (``user_ids``)."""
+    return int(np.count_nonzero(np.asarray(counts, np.int64) > 0))
+
+
 class UserBatches:
     """Step i's sampled users and their examples: an int array (users, k) of record indices
     (records in corpus user order, ``counts[u]`` records for user u)."""
 
     def __init__(self, counts: np.ndarray, sampling: str, batch: int, steps: int, examples_per_user: int, seed: int):
         counts = np.asarray(counts, np.int64)
-        self.num_users = len(counts)
+        self.num_users = sampled_population(counts)
         if sampling == "fixed" and batch > self.num_users:
             raise PrivacyParameterError(f"training.batch_size = {batch} users > {self.num_users} training users: a fixed-size batch needs B <= N")
         if sampling == "poisson":
@@ -36,7 +45,7 @@ class UserBatches:
             base = FixedBatchSampling(batch_size=batch, iterations=steps)
         self.k = examples_per_user
         self.strategy = UserSelectionStrategy(base, examples_per_user_per_batch=examples_per_user, shuffle_per_user=True)
-        self.user_ids = np.repeat(np.arange(self.num_users), counts)
+        self.user_ids = np.repeat(np.arange(len(counts)), counts)  # record -> user position; empty users never appear
         self.seed = seed
         self._it: Iterator[np.ndarray] | None = None
         self._next = 0

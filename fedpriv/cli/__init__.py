@@ -209,8 +209,11 @@ def _warn(message: str) -> None:
 _RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's checkpoint, metrics and parameters first (needed after a config change or a failed run).")
 
 
+_SECURE = typer.Option(False, "--secure-noise", help="Draw the DP noise and the sampling from a secret that is never stored (FEDPRIV_NOISE_SECRET, hex, or the OS CSPRNG), for a model that is released; resuming needs the same FEDPRIV_NOISE_SECRET. Default: reproducible from the seed (simulation).")
+
+
 def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False,
-           allow_large_delta: bool = False) -> dict:
+           allow_large_delta: bool = False, secure: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
     from fedpriv.config import check_kind, load_config
     from fedpriv.rundir import RunDir, hold
@@ -221,6 +224,10 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
     say = None if as_json else _say
     cfg = load_config(config, parse_options(set_, "--set"))
     check_kind(cfg, kind, str(config))
+    if secure:
+        from fedpriv.training.noise import with_secure_noise
+
+        cfg = with_secure_noise(cfg)
     default = Path("runs") / (cfg.name if kind == "central" else f"{cfg.name}-federated")
     run_dir = out_dir or default
     with hold(run_dir, "run"):  # one process per run directory; a folder that is not a run is refused
@@ -260,10 +267,11 @@ def train_central_cmd(
     restart: bool = _RESTART,
     allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
+    secure: bool = _SECURE,
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
     with _naming(config):
-        summary = _train(config, "central", _out_option(out), None, as_json, stop_after, set_, restart, allow_large_delta)
+        summary = _train(config, "central", _out_option(out), None, as_json, stop_after, set_, restart, allow_large_delta, secure)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -280,10 +288,11 @@ def train_federated_cmd(
     restart: bool = _RESTART,
     allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
+    secure: bool = _SECURE,
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
     with _naming(config):
-        summary = _train(config, "federated", _out_option(out), engine, as_json, stop_after, set_, restart, allow_large_delta)
+        summary = _train(config, "federated", _out_option(out), engine, as_json, stop_after, set_, restart, allow_large_delta, secure)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -301,6 +310,7 @@ def run_cmd(
     restart: bool = typer.Option(False, "--restart", help="Start runs whose config changed, and failed runs, afresh (finished unchanged runs are kept)."),
     only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
     allow_large_delta: bool = _ALLOW_LARGE_DELTA,
+    secure: bool = typer.Option(False, "--secure-noise", help="Every run that adds DP noise draws it, and its sampling, from a secret that is never stored (FEDPRIV_NOISE_SECRET, hex, or the OS CSPRNG); runs without DP noise are unchanged. Default: reproducible from the seed (simulation)."),
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
     from fedpriv.runner.store import failures, run_experiment
@@ -308,7 +318,7 @@ def run_cmd(
     say = None if as_json else _say
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     with _naming(experiment):
-        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), parse_options(set_, "--set"), stop_after, say, restart, names, allow_large_delta)
+        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), parse_options(set_, "--set"), stop_after, say, restart, names, allow_large_delta, secure)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -443,7 +453,7 @@ def demo(
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, set_, True, as_json, None, False, only, False)
+    run_cmd(config, out_dir, set_, True, as_json, None, False, only, allow_large_delta=False, secure=False)
 
 
 def _one_line(message: str) -> str:

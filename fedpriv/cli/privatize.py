@@ -12,6 +12,10 @@ same seed is the nearest word to each vector) and the same sidecar.
 
 Wired into the main CLI with ``app.add_typer(privatize_app)`` (no name: the command is
 ``privatize`` itself).
+
+Noise: a secret root key from the OS's CSPRNG unless ``--seed`` is given, and nothing that
+determines the noise is written beside the output (a reproducible seed, for simulations, is
+announced by :data:`SEED_WARNING` on stderr and never stored either).
 """
 
 from __future__ import annotations
@@ -34,6 +38,8 @@ privatize_app = typer.Typer(help="Local d_chi-privacy: privatize a corpus word b
 
 SIDECAR_SUFFIX = ".privacy.json"
 SIDECAR_FORMAT = "fedpriv-privatized-corpus"
+#: The one line printed when a seed is given for noise that is written out.
+SEED_WARNING = "warning: reproducible noise: anyone with the seed can remove it; for simulation only"
 
 
 class Mech(str, Enum):
@@ -105,7 +111,7 @@ def privatize_corpus(
     out: str | os.PathLike[str],
     t: Optional[float] = None,
     k: int = 2,
-    seed: int = 0,
+    seed: Optional[int] = None,
     format: Optional[str] = None,
     options: Optional[dict[str, Any]] = None,
     max_words: Optional[int] = None,
@@ -116,13 +122,16 @@ def privatize_corpus(
 ) -> dict[str, Any]:
     """Write the privatized corpus and its sidecar; return the sidecar's content.
 
-    Keys: user number i (in the corpus's user order) privatizes with ``fold_in(key(seed), i)``,
-    its token j (counting over its examples in order) with ``fold_in(that, j)``; so a user's output
-    depends only on the seed, its position and its own words, not on ``batch_tokens``."""
+    Keys (:mod:`fedpriv.privacy.local.corpus`): user number i (in the corpus's user order)
+    privatizes with ``fold_in(fold_in(root, PRIVATIZE), i)``, its token j with ``fold_in(that, j)``;
+    so a user's output depends only on the root, its position and its own words, not on
+    ``batch_tokens``. ``seed`` None: the root is secret (OS CSPRNG, never stored); an int: the
+    root is ``key(seed)``, reproducible, for simulations only (a one-line warning says so)."""
     from fedpriv import __version__
     from fedpriv.data.sources import open_corpus
-    from fedpriv.privacy.local.corpus import KEY_SCHEME, NOT_COVERED, new_stats, privatize_users
+    from fedpriv.privacy.local.corpus import KEY_SCHEME, NOT_COVERED, SECRET_ROOT, SEEDED_ROOT, new_stats, privatize_users
     from fedpriv.privacy.local.mechanisms import guarantee_note
+    from fedpriv.privacy.streams import secret_root
     from fedpriv.runner.embeddings import load_embeddings
 
     say = log or _say
@@ -141,6 +150,9 @@ def privatize_corpus(
     if not 1 <= batch_tokens <= 65536 or progress_every < 1:
         raise FedprivError("--batch-tokens must be in [1, 65536] and --progress-every >= 1")
 
+    if seed is not None:
+        say(SEED_WARNING)
+    root = secret_root() if seed is None else int(seed)
     t0 = time.perf_counter()
     space = load_embeddings(embeddings, max_words, say)
     say(f"embeddings: {space.source}: {len(space):,} rows of dimension {space.dim}, {space.allowed.size:,} words may be output")
@@ -167,10 +179,10 @@ def privatize_corpus(
         if mechanism == "rep":
             from fedpriv.privacy.local.corpus import represent_users
 
-            write_representations(tmp, represent_users(corpus.users(), space, eta, seed, batch_tokens, stats=stats), space.dim, progress)
+            write_representations(tmp, represent_users(corpus.users(), space, eta, root, batch_tokens, stats=stats), space.dim, progress)
         else:
             with open(tmp, "x", encoding="utf-8") as f:
-                for u, exs, new in privatize_users(corpus.users(), space, mechanism, eta, tv, k, seed, batch_tokens, stats=stats):
+                for u, exs, new in privatize_users(corpus.users(), space, mechanism, eta, tv, k, root, batch_tokens, stats=stats):
                     for ex, words in zip(exs, new):
                         row: dict[str, Any] = {"user_id": u, "text": " ".join(words)}
                         if ex.timestamp is not None:
@@ -195,7 +207,7 @@ def privatize_corpus(
         "eta": float(eta),
         "t": tv,
         "k": k if mechanism == "vickrey" else None,
-        "seed": seed,
+        "noise": SECRET_ROOT if seed is None else SEEDED_ROOT,
         "embeddings": {"spec": str(embeddings), **space.describe()},
         "guarantee": guarantee_note(float(eta), mechanism),
         "keys": KEY_SCHEME,
@@ -247,7 +259,7 @@ def privatize_cmd(
     out: Path = typer.Option(..., "--out", help="Output PATH.jsonl (txt, vickrey) or PATH.npz (rep); the sidecar goes to PATH.privacy.json."),
     t: Optional[float] = typer.Option(None, "--t", help="Vickrey tuning parameter in [0, 1]: P(second) = t·d1 / (t·d1 + (1-t)·d2). Required for vickrey."),
     k: int = typer.Option(2, "--k", help="Vickrey candidates (k nearest words); 2 is Xu et al.'s mechanism."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the jax.random key."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible noise from this seed, for simulations only (anyone with the seed can remove the noise; never stored). Default: a secret key from the OS CSPRNG."),
     format: Optional[str] = typer.Option(None, "--format", help="Override the source format guessed from the path."),
     option: list[str] = typer.Option([], "--option", "-o", help="Loader option KEY=VALUE (repeatable), e.g. unit=turn."),
     max_words: Optional[int] = typer.Option(None, "--max-words", min=1, help="GloVe: keep the first N vectors (the most frequent words)."),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Optional
@@ -67,7 +68,7 @@ def build(
     partition: Partition = typer.Option(Partition.stream, "--partition", help="gaussian: cut tuples from the concatenated stream (the paper) or per example."),
     threshold_rule: Rule = typer.Option(Rule.quantile, "--threshold-rule", help="quantile: sound Gaussian quantile; paper: the printed erfinv formula (weaker delta, reported)."),
     model_type: ModelType = typer.Option(ModelType.unigram, "--model-type", help="SentencePiece model type."),
-    seed: int = typer.Option(0, "--seed", help="Seed of the DP noise."),
+    seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible DP noise from this seed, for simulations only (anyone with the seed can remove the noise; never stored). Default: secret noise from the OS CSPRNG."),
     lowercase: bool = typer.Option(False, "--lowercase", help="Lowercase words before counting (uncased BERT)."),
     alphabet: Alphabet = typer.Option(Alphabet.data, "--alphabet", help="wordpiece: 'ascii' always holds every printable ASCII character (public, no privacy cost); 'data' learns the characters from the histogram."),
     out: str = typer.Option(..., "--out", help="Output folder (vocabulary files and report.json, written atomically): new, empty, or one vocab build wrote; never a run directory."),
@@ -87,6 +88,10 @@ def build(
     if not out.strip():
         raise FedprivError("--out '': an empty path names no folder (it would write into the current directory); give a folder")
     claim(out, "vocab", force, create=False)  # never a run directory or store, nor the user's own folder
+    if seed is not None and dp is not None:
+        from fedpriv.cli.privatize import SEED_WARNING
+
+        print(SEED_WARNING, file=sys.stderr, flush=True)
     report = build_vocab(
         source,
         kind.value,

@@ -26,13 +26,14 @@ import jax.numpy as jnp
 
 from fedpriv.privacy.aggregate import noise_and_normalize
 from fedpriv.privacy.clipping import reference_clipped_sum
+from fedpriv.privacy.streams import CLIENT, stream_key
 from fedpriv.tasks.base import Params, Task
 
-CLIENT_STREAM = 0xC11E
+CLIENT_STREAM = CLIENT.id
 
 
 def client_key(seed: int, round_: int, user: int) -> jax.Array:
-    base = jax.random.fold_in(jax.random.key(seed), CLIENT_STREAM)
+    base = stream_key(seed, CLIENT)
     return jax.random.fold_in(jax.random.fold_in(base, round_), user)
 
 

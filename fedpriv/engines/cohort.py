@@ -29,14 +29,15 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from fedpriv.clients.data import next_power_of_two
-from fedpriv.clients.update import CLIENT_STREAM, make_cohort_update
+from fedpriv.clients.update import make_cohort_update
+from fedpriv.privacy.streams import CLIENT, stream_key
 from fedpriv.engines.setup import FederatedSetup
 from fedpriv.tasks.base import Params
 
 
 def client_keys(seed: int, round_: int, users: np.ndarray) -> jax.Array:
     """``client_key(seed, round_, u)`` for every u of ``users``, as one batched key array."""
-    base = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), CLIENT_STREAM), round_)
+    base = jax.random.fold_in(stream_key(seed, CLIENT), round_)
     return jax.vmap(lambda u: jax.random.fold_in(base, u))(jnp.asarray(users, jnp.uint32))
 
 

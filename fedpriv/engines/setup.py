@@ -35,6 +35,7 @@ from fedpriv.strategies.sampling import Participation
 from fedpriv.strategies.server import ServerCore
 from fedpriv.tasks.base import Params
 from fedpriv.training.loop import LoopResult, Stepper, eval_text, run_loop
+from fedpriv.training.noise import check_secret_on_resume, noise_meta, noise_seed
 from fedpriv.training.prepared import Prepared
 
 
@@ -56,7 +57,8 @@ class FederatedSetup:
         ac = prepared.audit_canaries
         self.canary_clients = CanaryClients(ac, self.data.num_users) if ac is not None and ac.kind == "client" else None
         extra = self.canary_clients.count if self.canary_clients is not None else 0
-        self.core = ServerCore(self.fcfg, self.data.num_users + extra, cfg.seed, log)
+        self.noise = noise_seed(cfg)
+        self.core = ServerCore(self.fcfg, self.data.num_users + extra, cfg.seed, log, self.noise)
         self.client_dp: ClientDP | None = None
         self.record_level: RecordLevelPrivacy | None = None
         self.participation: Participation | None = None
@@ -188,9 +190,10 @@ def train_federated(
 ) -> LoopResult:
     """Run (or resume) the experiment's rounds with ``engine`` (see the module docstring).
     ``stop_after``: stop with a checkpoint once this many rounds are done (a kill, for tests)."""
+    check_secret_on_resume(run_dir, setup.noise)
     run = RunDir(run_dir).create()
     setup.prepared.save_assets(run.path)
-    meta = {"kind": "federated", "engine": engine.name, "experiment": setup.config.model_dump(), "utility": list(setup.task.utility)}
+    meta = {"kind": "federated", "engine": engine.name, "experiment": setup.config.model_dump(), "utility": list(setup.task.utility), **noise_meta(setup.noise)}
     stepper = RoundStepper(setup, engine)
     return run_loop(
         stepper, setup.task, run, setup.seed, meta, setup.prepared.eval_arrays, setup.config.training.eval_batch_size, stop_after, log,

@@ -20,6 +20,11 @@ members should score higher. From the members' and non-members' scores jax-priva
 estimate, the TPR at a low FPR and the AUROC. The lower bound holds for the unit the canaries
 are (an example or a user); the accountant's epsilon is an upper bound for the same unit, so a
 lower bound above it means a privacy bug (or an audit of the wrong unit).
+
+Relation: every kind adds or removes its canary (a member is present, a non-member absent), so the
+lower bound is for add-or-remove-one. Under Poisson sampling the accountant's epsilon is for the
+same relation; under fixed-size sampling it is for replace-one, which does not bound
+add-or-remove-one: :func:`audit_relations` says so, and the two are then reported, not compared.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ from fedpriv.data.stores import MemoryStore
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.memorization.canaries import canary_word_pool
+from fedpriv.privacy.streams import AUDIT_CANARY, stream_key
 from fedpriv.rundir import EMPIRICAL_CANARIES
 
-EMPIRICAL_STREAM = 0xE4B1
+EMPIRICAL_STREAM = AUDIT_CANARY.id
 CANARY_USER_PREFIX = "__audit_canary__"
 SIGNIFICANCE = 0.05
 LOW_FPR = 0.01
@@ -142,7 +148,7 @@ def canary_scores(task: Any, params: Any, canaries: AuditCanaries, batch: int = 
 
 
 def _key(seed: int, index: int | jax.Array) -> jax.Array:
-    return jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), EMPIRICAL_STREAM), index)
+    return jax.random.fold_in(stream_key(seed, AUDIT_CANARY), index)
 
 
 @jax.jit
@@ -177,6 +183,28 @@ def direction_scores(seed: int, count: int, initial: Any, final: Any) -> np.ndar
     delta = jax.tree_util.tree_map(lambda a, b: (jnp.asarray(a) - jnp.asarray(b)).astype(jnp.float32), final, initial)
     keys = jax.vmap(lambda i: _key(seed, i))(jnp.arange(count, dtype=jnp.uint32))
     return np.asarray(_cosines(keys, delta), np.float64)
+
+
+def audit_relations(unit: str, sampling: str | None) -> dict[str, Any]:
+    """The canaries' neighbouring relation beside the accountant's (``sampling`` of the run's DP
+    mechanism: ``"poisson"``, ``"fixed"``, or None without DP) and whether the accountant's epsilon
+    bounds the audit's lower bound.
+
+    >>> audit_relations("user", "fixed")["accountant_bounds_audit"]
+    False
+    >>> audit_relations("example", "poisson")["relation"]
+    'add-or-remove-one example'
+    """
+    canary = f"add-or-remove-one {unit}"
+    if sampling is None:
+        return {"relation": canary, "accountant_relation": None, "accountant_bounds_audit": False, "relation_note": "no DP: no accountant's epsilon to compare"}
+    accountant = f"replace-one {unit}" if sampling == "fixed" else f"add-or-remove-one {unit}"
+    ok = accountant == canary
+    note = None if ok else (
+        "fixed-size sampling: the accountant's epsilon is for replace-one and the audit's canaries are added or removed, "
+        "a relation it does not bound; the lower bound is reported, not compared (a Poisson-sampled run gives the comparable pair)"
+    )
+    return {"relation": canary, "accountant_relation": accountant, "accountant_bounds_audit": ok, "relation_note": note}
 
 
 def empirical_bounds(scores: np.ndarray, included: np.ndarray, delta: float, significance: float = SIGNIFICANCE) -> dict[str, Any]:

@@ -321,7 +321,9 @@ def calibrate_noise_multiplier(
 ) -> tuple[float, PrivacyAnswer]:
     """The smallest noise multiplier sigma (per draw, as ``template.noise_multiplier`` means it)
     whose epsilon at ``delta`` is <= ``target_epsilon``, by bisection over the accountant, to
-    relative tolerance ``rel_tol``. Returns sigma and the answer at sigma."""
+    relative tolerance ``rel_tol``. Returns sigma and the answer at sigma, whose epsilon is checked
+    to be <= ``target_epsilon`` with the accountant asked for (refused otherwise: the bisection
+    assumes epsilon decreasing in sigma and, for PLD, PLD never above RDP)."""
     check_epsilon(target_epsilon)
     check_delta(delta)
 
@@ -333,6 +335,8 @@ def calibrate_noise_multiplier(
 
     if accountant == "pld":  # PLD is never above RDP (tests/privacy), so RDP's sigma reaches the target
         hi, _ = calibrate_noise_multiplier(template, target_epsilon, delta, "rdp", rel_tol)
+        at_rdp = eps(hi)
+        _check(at_rdp <= target_epsilon, f"the PLD epsilon {at_rdp:.6g} at the RDP-calibrated noise multiplier {hi:.6g} is above the target {target_epsilon}; use accountant = 'rdp'")
         lo = hi / 2
         while eps(lo) <= target_epsilon:
             lo, hi = lo / 2, lo
@@ -350,7 +354,9 @@ def calibrate_noise_multiplier(
             lo = mid
         else:
             hi = mid
-    return hi, epsilon_for(replace(template, noise_multiplier=hi), delta, accountant)
+    answer = epsilon_for(replace(template, noise_multiplier=hi), delta, accountant)
+    _check(answer.epsilon <= target_epsilon, f"calibration: epsilon {answer.epsilon:.6g} ({accountant.upper()}) at the chosen noise multiplier {hi:.6g} is above the target {target_epsilon}")
+    return hi, answer
 
 
 def max_steps_within(event: GaussianSteps, budget: float, delta: float, accountant: str, upper: int) -> int:

@@ -11,6 +11,9 @@ client-side DP-SGD all hold one :class:`DPBudget`:
 * :meth:`report` states epsilon at delta with its unit, neighbouring relation and sampling, and
   :meth:`resume` refuses a ledger that does not match the checkpoint or these parameters.
 
+Every guarantee ends with where the noise came from (``note``,
+:data:`fedpriv.privacy.streams.SIMULATION_NOTE` unless the run has ``--secure-noise``).
+
 A noise multiplier of 0 is kept as "no noise" (:attr:`event` None): nothing is recorded and the
 guarantee reads "none".
 """
@@ -26,6 +29,7 @@ from typing import Any
 from fedpriv.errors import FedprivError, PrivacyParameterError
 from fedpriv.privacy.accounting import AccountantName, GaussianSteps, PLDTooCostly, PrivacyAnswer, check_delta, check_pld_cost, epsilon_for, resolve_noise_multiplier, steps_within_budget
 from fedpriv.privacy.ledger import PrivacyLedger
+from fedpriv.privacy.streams import SIMULATION_NOTE
 
 
 class DPBudget:
@@ -46,8 +50,10 @@ class DPBudget:
         key: str = "privacy",
         step_word: str = "step",
         log: Callable[[str], None] | None = None,
+        note: str = SIMULATION_NOTE,
     ):
         say = log or (lambda _m: None)
+        self.note = note
         if (noise_multiplier is None) == (target_epsilon is None):
             raise PrivacyParameterError(f"{key}: give exactly one of noise_multiplier or target_epsilon")
         check_delta(delta)
@@ -93,8 +99,8 @@ class DPBudget:
             return {"epsilon": None, "delta": self.delta, "guarantee": "none (noise multiplier 0)", "basis": "no noise"}
         a = self.answer()
         if a is None:
-            return {"epsilon": 0.0, "delta": self.delta, "guarantee": f"no {self.step_word}s yet", "basis": self.event.basis()}
-        return {"epsilon": a.epsilon, "delta": a.delta, "guarantee": a.describe(), "basis": self.event.basis()}
+            return {"epsilon": 0.0, "delta": self.delta, "guarantee": f"no {self.step_word}s yet; {self.note}", "basis": self.event.basis()}
+        return {"epsilon": a.epsilon, "delta": a.delta, "guarantee": f"{a.describe()}; {self.note}", "basis": self.event.basis()}
 
     def epsilon_after(self, steps: int) -> PrivacyAnswer:
         """epsilon at delta after ``steps`` of this step's mechanism (no ledger involved)."""

@@ -28,7 +28,7 @@ from fedpriv.config import BUILTIN_TASKS, ExperimentConfig, apply_overrides, val
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.memorization.audit import audit_nwp_canary, canary_columns, markdown, summarize
 from fedpriv.memorization.canaries import Manifest, same_canaries
-from fedpriv.memorization.empirical import AuditCanaries, canary_scores, direction_scores, empirical_bounds
+from fedpriv.memorization.empirical import AuditCanaries, audit_relations, canary_scores, direction_scores, empirical_bounds
 from fedpriv.memorization.extraction import extraction, extraction_sets
 from fedpriv.memorization.lm import NWPStepper
 from fedpriv.memorization.mlm_secret import mlm_secret_exposure
@@ -200,6 +200,15 @@ def run_delta(cfg: ExperimentConfig) -> float | None:
     return None
 
 
+def run_sampling(cfg: ExperimentConfig) -> str | None:
+    """The sampling of the run's DP mechanism (DP-SGD's, or DP-FedAvg's cohorts), or None."""
+    if cfg.privacy is not None:
+        return cfg.privacy.sampling
+    if cfg.federated is not None and cfg.federated.dp is not None:
+        return cfg.federated.sampling
+    return None
+
+
 def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] | None = None, prepared: Prepared | None = None) -> dict[str, Any]:
     """The empirical privacy of a run trained with ``[audit] empirical``: its audit canaries
     scored under the final parameters, the one-run lower bounds on epsilon at the run's delta (of
@@ -236,10 +245,12 @@ def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] 
     if delta is not None and run.has(LEDGER):
         accountant = PrivacyLedger.load(run.file(LEDGER)).epsilon(delta).epsilon
     unit = "example" if canaries.kind == "example" else "user"
-    report = {"kind": canaries.kind, "unit": unit, "canaries": canaries.count, "score": score, "parameters": source, **bounds,
+    relations = audit_relations(unit, run_sampling(cfg))
+    report = {"kind": canaries.kind, "unit": unit, "canaries": canaries.count, "score": score, "parameters": source, **bounds, **relations,
               "accountant_epsilon": accountant, "seconds": time.perf_counter() - t0,
               "member_score_mean": float(scores[canaries.included].mean()), "non_member_score_mean": float(scores[~canaries.included].mean())}
     run.write_json(EMPIRICAL, report, indent=1)
     say(f"empirical epsilon >= {bounds['epsilon_lower_bound']:.3g} ({int(100 * bounds['confidence'])}% confidence, delta {bounds['delta']:g}, per {unit})"
-        + (f"; the accountant's epsilon {accountant:.3g}" if accountant is not None else "; not private"))
+        + (f"; the accountant's epsilon {accountant:.3g}" if accountant is not None else "; not private")
+        + (f" ({relations['relation_note']})" if accountant is not None and not relations["accountant_bounds_audit"] else ""))
     return report

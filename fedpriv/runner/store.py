@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.config import changed_keys, check_kind, normalized_config
-from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
+from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, TrainingDiverged
 from fedpriv.jsonio import write_json_atomic
 from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir, hold, read_store_record
 from fedpriv.runner.audit import audit_run, auditable, empirical_audit
@@ -99,18 +99,29 @@ def run_experiment(
     restart: bool = False,
     only: list[str] | None = None,
     allow_large_delta: bool = False,
+    secure_noise: bool = False,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
     (see the module docstring). ``stop_after``: stop the first run that trains once it has done
     this many more steps or rounds, with a checkpoint (a kill). ``restart``: start runs whose
     config changed, and failed runs, afresh. ``only``: these runs (by name) and no other; a run
     they start from must be among them or finished already. ``allow_large_delta``: a delta >= 1/N
-    warns instead of refusing (:func:`fedpriv.runner.checks.check_prepared`).
+    warns instead of refusing (:func:`fedpriv.runner.checks.check_prepared`). ``secure_noise``: every run that adds
+    DP noise draws it from a secret (:func:`fedpriv.training.noise.with_secure_noise`).
     Returns (store, summaries of the finished runs, whether every run finished or failed:
     :func:`failures` names the failed ones)."""
     say = log or (lambda _m: None)
     experiment = read_experiment(path, overrides)
     name, specs, measures = experiment.name, experiment.runs, experiment.measures
+    if secure_noise:
+        from dataclasses import replace
+
+        from fedpriv.training.noise import adds_noise, with_secure_noise
+
+        if not any(adds_noise(s.config) for s in specs):
+            raise ConfigError(f"--secure-noise: no run of {path} adds DP noise ([privacy] or [federated.dp])")
+        specs = [replace(s, config=with_secure_noise(s.config, f"--secure-noise, run {s.name!r}")) if adds_noise(s.config) else s for s in specs]
+        experiment = replace(experiment, runs=specs)
     for spec in specs:
         check_kind(spec.config, spec.kind, f"{path}: run {spec.name!r}")
     store = Path(store) if store is not None else Path("runs") / name

@@ -26,12 +26,13 @@ import optax
 from fedpriv.config import FederatedConfig
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.budget import DPBudget
+from fedpriv.privacy.streams import DP_FEDAVG, NoiseSeed, stream_key
 from fedpriv.strategies.aggregators import AdaptiveClipping, Aggregator, ClippedMean, DeltaAccumulator, GaussianNoise, WeightedMean
 from fedpriv.strategies.sampling import CohortSampler
 from fedpriv.tasks.base import Params
 from fedpriv.training.optimizers import make_optimizer
 
-NOISE_STREAM = 0x401_5E
+NOISE_STREAM = DP_FEDAVG.id
 STRATEGY_LABELS = {"fedavg": "FedAvg", "fedavg-clip": "FedAvg+Clip", "dp-fedavg": "DP-FedAvg"}
 
 
@@ -57,22 +58,24 @@ class ServerCore:
     the aggregator's state (the current S; adaptive or fixed; 0 for fedavg).
     """
 
-    def __init__(self, fcfg: FederatedConfig, population: int, seed: int, log: Callable[[str], None] | None = None):
+    def __init__(self, fcfg: FederatedConfig, population: int, seed: int, log: Callable[[str], None] | None = None, noise: NoiseSeed | None = None):
         self.fcfg = fcfg  # each strategy's keys were checked when the config was validated
         self.seed = seed
+        # noise: where the cohort sampling and the DP noise come from (default: the seed, a simulation).
+        self.noise = noise if noise is not None else NoiseSeed.simulation(seed)
         self.population = population
         self.strategy = fcfg.strategy
-        self.sampler = CohortSampler(population, fcfg.clients_per_round, fcfg.sampling, seed)
+        self.sampler = CohortSampler(population, fcfg.clients_per_round, fcfg.sampling, self.noise.entropy)
         self.m = self.sampler.m
         self.tx = make_optimizer(fcfg.server_optimizer, fcfg.server_learning_rate, fcfg.server_momentum)
         self.budget: DPBudget | None = None
         if fcfg.dp is not None:
             d = fcfg.dp
             template = GaussianSteps(fcfg.sampling, 1.0, population, float(self.m), fcfg.rounds, "user")
-            self.budget = DPBudget(template, d.noise_multiplier, d.target_epsilon, d.delta, d.accountant, d.epsilon_budget, "federated.dp", "round", log)
+            self.budget = DPBudget(template, d.noise_multiplier, d.target_epsilon, d.delta, d.accountant, d.epsilon_budget, "federated.dp", "round", log, self.noise.note())
         self.noise_multiplier = self.budget.noise_multiplier if self.budget is not None else 0.0
         self.aggregator = make_aggregator(fcfg, self.m, self.noise_multiplier)
-        self.noise_base = jax.random.fold_in(jax.random.key(seed), NOISE_STREAM)
+        self.noise_base = stream_key(self.noise.root, DP_FEDAVG)
         tx = self.tx
 
         def apply(params, opt_state, average):

@@ -150,7 +150,7 @@ class BertNERTask(UserSide, Task):
         length = np.zeros(n, np.int32)
         n_words = np.zeros(n, np.int32)
         gold_cut = np.zeros(n, np.float32)
-        seed = np.zeros(n, np.int32)
+        seed = np.zeros((n, 2), np.uint32)
         for b, ex in enumerate(examples):
             if not isinstance(ex, TaggedExample):
                 raise FedprivError("the BERT NER task encodes tagged examples only")

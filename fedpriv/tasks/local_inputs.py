@@ -18,10 +18,12 @@ embeddings that noise cannot move).
 Draws:
 
 * :meth:`LocalInputs.fixed` (fine-tuning on user data, and evaluation): piece j of an example uses
-  ``fold_in(fold_in(key(seed), row_seed), j)``, ``row_seed`` the example's content hash: each
-  example is privatized once and every step sees that same privatized text (one release per
-  example, which is what the guarantee covers). Equal to
-  ``privatize_streams(key(seed), streams=row_seeds, positions=j, ...)`` on the host.
+  ``fold_in(fold_in(fold_in(root, lo), hi), j)``, ``root`` the ``local_inputs`` stream of
+  :mod:`fedpriv.privacy.streams` (``fold_in(key(seed), LOCAL_INPUTS.id)``) and (lo, hi) the two
+  words of the example's 64-bit content hash (:func:`fedpriv.tasks.mlm.row_seed`): each example is
+  privatized once and every step sees that same privatized text (one release per example, which
+  is what the guarantee covers). Equal to
+  ``privatize_streams(fold_in(root, lo), streams=hi, positions=j, ...)`` on the host.
 * :meth:`LocalInputs.fresh` (privacy-adaptive pretraining on public text): a new draw at every step
   from the step's key (data augmentation, "on the fly" as in the paper; public text costs no privacy).
 * :meth:`LocalInputs.draws`: n independent draws of given pieces (Prob MLM's set of perturbed tokens).
@@ -40,6 +42,7 @@ import numpy as np
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import write_json_atomic
 from fedpriv.privacy.local.mechanisms import check_eta, guarantee_note, privatize_tokens_jit
+from fedpriv.privacy.streams import LOCAL_INPUTS, stream_key
 from fedpriv.rundir import PRIVATIZE
 
 #: Key streams of the fresh draws (the MLM task uses 0 for masking and 1 for dropout).
@@ -91,11 +94,15 @@ class LocalInputs:
         return jnp.where(jnp.asarray(self.ordinary)[flat], out, flat).reshape(ids.shape)
 
     def fixed(self, ids: jax.Array, seeds: jax.Array) -> jax.Array:
-        """(B, L) ids privatized once per example: piece j of row b from ``fold_in(fold_in(key(seed), seeds[b]), j)``."""
-        base = jax.random.key(self.seed)
+        """(B, L) ids privatized once per example: piece j of row b from
+        ``fold_in(fold_in(fold_in(root, seeds[b, 0]), seeds[b, 1]), j)`` (``root`` the
+        ``local_inputs`` stream of the user key; ``seeds`` (B, 2), see the module docstring)."""
         ids = jnp.asarray(ids)
         pos = jnp.arange(ids.shape[1], dtype=jnp.uint32)
-        keys = jax.vmap(lambda s: jax.vmap(lambda p: jax.random.fold_in(jax.random.fold_in(base, s), p))(pos))(jnp.asarray(seeds).astype(jnp.uint32))
+        root = stream_key(self.seed, LOCAL_INPUTS)
+        words = jnp.asarray(seeds).astype(jnp.uint32).reshape(ids.shape[0], 2)
+        rows = jax.vmap(lambda w: jax.random.fold_in(jax.random.fold_in(root, w[0]), w[1]))(words)
+        keys = jax.vmap(lambda k: jax.vmap(lambda p: jax.random.fold_in(k, p))(pos))(rows)
         return self._apply(keys, ids)
 
     def fresh(self, example_keys: jax.Array, ids: jax.Array) -> jax.Array:

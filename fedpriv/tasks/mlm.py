@@ -16,7 +16,8 @@ non-special piece with probability 0.1 (which may by chance be the original piec
 unchanged. The model predicts the original piece at the selected positions only (its head runs
 on the P gathered positions).
 
-Randomness: example b's masking and dropout come from ``fold_in(fold_in(rng, stream), seed[b])``,
+Randomness: example b's masking and dropout come from ``fold_in(fold_in(rng, stream), seed[b])``
+(``seed[b]`` the two uint32 words of a 64-bit content hash, :func:`row_seed`, folded in one by one),
 so they depend only on the step's rng and the example's own ids, never on the other rows or the
 row index; a vmap over single examples (the DP-SGD reference path) gives the same losses. Two
 identical examples in one batch get the same masking.
@@ -36,9 +37,9 @@ see the same masked positions: ``loss_sum`` and ``correct`` over all ``predictio
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
-import zlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -130,18 +131,31 @@ class PieceVocab:
         return out
 
 
-def row_seed(*rows: np.ndarray) -> int:
-    """A 31-bit hash of an example's arrays (its per-example randomness seed)."""
-    h = 0
+def row_seed(*rows: np.ndarray) -> np.ndarray:
+    """An example's per-example randomness seed: a 64-bit BLAKE2b hash of its arrays (each
+    length-prefixed, so no two different examples hash alike by construction), as two uint32
+    words (2,). Distinct examples collide with probability about n**2 / 2**65 (3e-6 at 10**7)."""
+    h = hashlib.blake2b(digest_size=8)
     for r in rows:
-        h = zlib.crc32(np.ascontiguousarray(r).tobytes(), h)
-    return h & 0x7FFFFFFF
+        b = np.ascontiguousarray(r).tobytes()
+        h.update(len(b).to_bytes(8, "little") + b)
+    return np.frombuffer(h.digest(), dtype="<u4").astype(np.uint32)
 
 
 def example_keys(rng: jax.Array, seeds: jax.Array, stream: int) -> jax.Array:
-    """(B,) keys ``fold_in(fold_in(rng, stream), seeds[b])``: one per example, row-independent."""
+    """(B,) keys ``fold_in(fold_in(rng, stream), seeds[b])``, one per example, row-independent;
+    ``seeds`` (B,) or (B, 2) (the two words of :func:`row_seed`, folded in one after the other)."""
     base = jax.random.fold_in(rng, stream)
-    return jax.vmap(lambda s: jax.random.fold_in(base, s))(seeds.astype(jnp.uint32))
+    s = jnp.asarray(seeds).astype(jnp.uint32)
+    s = s.reshape(s.shape[0], -1)
+
+    def one(words):  # noqa: ANN001, ANN202
+        k = base
+        for j in range(words.shape[0]):
+            k = jax.random.fold_in(k, words[j])
+        return k
+
+    return jax.vmap(one)(s)
 
 
 def word_pieces(vocab: PieceVocab, words: Sequence[str]) -> int:
@@ -288,7 +302,7 @@ class MLMTask(UserSide, Task):
         n, L = len(examples), self.max_len
         ids = np.full((n, L), self.vocab.pad, np.int32)
         length = np.zeros(n, np.int32)
-        seed = np.zeros(n, np.int32)
+        seed = np.zeros((n, 2), np.uint32)
         for b, ex in enumerate(examples):
             pieces = [p for w in ex.words() for p in self.vocab.word_ids(w)][: L - 2]
             row = [self.vocab.cls, *pieces, self.vocab.sep]

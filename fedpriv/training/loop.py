@@ -48,6 +48,7 @@ import numpy as np
 
 from fedpriv.config import changed_keys, normalized_config
 from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
+from fedpriv.privacy.streams import INIT, STEP, stream_key
 from fedpriv.rundir import RunDir, ledger_record
 from fedpriv.tasks.base import Batch, Params, Task, add_sums, degenerate, pad_batch
 
@@ -81,13 +82,13 @@ def check_resumable(run: RunDir, config_meta: Mapping[str, Any]) -> None:
 
 
 def init_key(seed: int) -> jax.Array:
-    """The key of the initial parameters (the step keys are the other half of the split)."""
-    return jax.random.split(jax.random.key(seed))[0]
+    """The key of the initial parameters: stream ``init`` (``split(key(seed))[0]``, the same key)."""
+    return stream_key(seed, INIT)
 
 
 def step_key_base(seed: int) -> jax.Array:
-    """The key every step's randomness is folded from."""
-    return jax.random.split(jax.random.key(seed))[1]
+    """The key every step's randomness is folded from: stream ``step`` (``split(key(seed))[1]``)."""
+    return stream_key(seed, STEP)
 
 
 def gather(arrays: Batch, idx: np.ndarray, size: int) -> Batch:

@@ -16,6 +16,10 @@ Files: ``kind="word"``: ``vocab.json`` (:class:`~fedpriv.vocab.word.WordVocab`, 
 ``spm.model`` and ``spm.vocab`` (at most ``size`` pieces in all; unigram training on a histogram
 whose total count exceeds 5 million sees it scaled down, see :mod:`fedpriv.vocab.spm`). With ``dp``, also
 ``histogram.tsv``: the released noisy histogram (``word<TAB>count``, rounded), which is DP too.
+
+Noise: ``seed=None`` draws the histogram's noise from a generator seeded by the OS's CSPRNG
+(128 bits, never stored); an int seed is reproducible (simulation: anyone with it can remove the
+noise). The report never holds the seed, only which of the two it was (``"noise"``).
 """
 
 from __future__ import annotations
@@ -185,6 +189,20 @@ def _learn_public_extended(
     return vocab, ["vocab.txt"], out
 
 
+#: How the histogram's noise was drawn, for the report (never the seed itself).
+SECRET_NOISE = "secret: numpy generator seeded from the OS CSPRNG (128 bits), never stored; the noise cannot be recomputed"
+SEEDED_NOISE = "reproducible (simulation only): numpy default_rng(seed) of a seed given by the caller (not stored here); anyone with the seed can recompute and remove the noise"
+
+
+def secret_generator() -> Any:
+    """A numpy generator seeded with 128 bits from the OS's CSPRNG (``secrets``), never stored."""
+    import secrets
+
+    import numpy as np
+
+    return np.random.default_rng(secrets.randbits(128))
+
+
 def build_vocab(
     source: FederatedCorpus | str,
     kind: str = "word",
@@ -198,7 +216,7 @@ def build_vocab(
     tuple_size: int = DEFAULT_TUPLE_SIZE,
     partition: str = "stream",
     threshold_rule: str = "quantile",
-    seed: int = 0,
+    seed: int | None = 0,
     model_type: str = "unigram",
     min_pair_count: float = 2.0,
     source_format: str | None = None,
@@ -274,7 +292,7 @@ def build_vocab(
         "kind": kind,
         "size": size,
         "model_type": model_type if kind == "sentencepiece" else None,
-        "seed": seed,
+        "noise": (SECRET_NOISE if seed is None else SEEDED_NOISE) if params is not None else None,
         "examples": plain.units,
         "word_occurrences": plain.words,
         "distinct_words": len(true_counts),
@@ -284,7 +302,7 @@ def build_vocab(
     }
     hist = None
     if params is not None:
-        hist = release(mech.finish(), params, seed, mech.units)
+        hist = release(mech.finish(), params, secret_generator() if seed is None else seed, mech.units)
         if hist.words_kept == 0 and public_counts is None:
             raise EmptyCorpusError(
                 f"the DP histogram kept no word: all {hist.words_before:,} words fell below the threshold "

@@ -109,3 +109,24 @@ def test_build_vocab_api_on_a_corpus(tmp_path):
     assert r["epsilon"] == pytest.approx(0.8) and r["dp"]["partition"] == "example"
     assert r["vocabulary"]["vocab_size"] == min(300, r["words_kept"])
     assert r["vocabulary"]["oov_rate"] >= r["non_private"]["oov_rate"]
+
+
+def test_dp_noise_is_secret_unless_seeded(tmp_path, capsys):
+    """Without --seed two builds of the same DP histogram draw different noise and the report holds
+    nothing that determines it; --seed reproduces it, warns in one line, and is not stored."""
+    common = ["shakespeare", "--kind", "word", "--size", 200, "--dp", "gaussian", "--sigma", 20, "--delta", 1e-6, "--tuple-size", 8, "--json"]
+    outs = []
+    for name in ("a", "b"):
+        code, stdout, err = run(capsys, *common, "--out", tmp_path / name)
+        assert code == 0 and "reproducible noise" not in err
+        r = json.loads(stdout)
+        assert "seed" not in r and r["noise"].startswith("secret")
+        outs.append((tmp_path / name / "histogram.tsv").read_text(encoding="utf-8"))
+    assert outs[0] != outs[1]  # sigma = 20 on rounded counts: two secret draws differ
+    for name in ("s", "t"):
+        code, stdout, err = run(capsys, *common, "--seed", 4, "--out", tmp_path / name)
+        assert code == 0 and err.splitlines()[0] == "warning: reproducible noise: anyone with the seed can remove it; for simulation only"
+        r = json.loads(stdout)
+        assert "seed" not in r and r["noise"].startswith("reproducible (simulation only)")
+    assert (tmp_path / "s" / "histogram.tsv").read_bytes() == (tmp_path / "t" / "histogram.tsv").read_bytes()
+    assert (tmp_path / "s" / "histogram.tsv").read_text(encoding="utf-8") not in outs

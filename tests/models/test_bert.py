@@ -205,7 +205,9 @@ def test_mlm_encode_layout():
     assert b["ids"][1, :4].tolist() == [v.cls, v.index["a"], v.index["disease"], v.sep]
     long = task.encode([TextExample("the patient has hypertension and cancer")])
     assert long["ids"][0, -1] == v.sep and long["length"][0] == 8  # pieces cut to max_len - 2
-    assert b["seed"][0] == task.encode([TextExample("the patient has hypertension")])["seed"][0]
+    assert b["seed"].shape == (3, 2) and b["seed"].dtype == np.uint32
+    np.testing.assert_array_equal(b["seed"][0], task.encode([TextExample("the patient has hypertension")])["seed"][0])
+    assert not np.array_equal(b["seed"][0], b["seed"][2])
 
 
 def test_bert_ner_label_alignment():

@@ -236,3 +236,25 @@ def test_basis_states_unit_relation_and_sampling():
     assert GaussianSteps("fixed", 1.0, 262, 40, 5, "user").basis() == "user-level, replace-one, 40 of 262 without replacement"
     assert GaussianSteps("poisson", 1.0, 1000, 10, 5).basis() == "example-level, add-or-remove-one, Poisson q = 0.01"
     assert GaussianSteps("none", 1.0, 7, 7, 5).basis() == "example-level, add-or-remove-one, no sampling"
+
+
+@pytest.mark.slow
+def test_pld_calibration_checks_epsilon_pld_at_the_chosen_sigma(monkeypatch):
+    """PLD calibration starts from RDP's sigma assuming PLD is never above RDP; the PLD epsilon at
+    the chosen sigma is now computed and compared with the target (issue 30, point 8). A PLD that
+    breaks the assumption (here: PLD answers tripled, standing in for an accountant
+    regression) is refused in one line instead of returning a sigma that misses the target."""
+    import dataclasses
+
+    import fedpriv.privacy.accounting as acc
+
+    template = GaussianSteps("poisson", 1.0, 10_000, 100, 5)
+    real = acc.epsilon_for
+
+    def pld_above_rdp(events, delta, accountant="rdp"):
+        a = real(events, delta, accountant)
+        return dataclasses.replace(a, epsilon=a.epsilon * 3) if accountant == "pld" else a
+
+    monkeypatch.setattr(acc, "epsilon_for", pld_above_rdp)
+    with pytest.raises(PrivacyParameterError, match="PLD epsilon .* at the RDP-calibrated noise multiplier .* is above the target 2.0"):
+        calibrate_noise_multiplier(template, 2.0, 1e-5, "pld")

@@ -410,7 +410,8 @@ def test_privatize_cli_end_to_end(cli, coffee_posts, coffee_glove, tmp_path, cap
         for a, b in zip(source[u], private[u]):
             assert len(b.words()) == len(a.words()) and set(b.words()) <= allowed
     meta = json.loads((tmp_path / "private.privacy.json").read_text())
-    assert (meta["mechanism"], meta["eta"], meta["t"], meta["k"], meta["seed"]) == ("vickrey", 4.0, 0.25, 2, 3)
+    assert (meta["mechanism"], meta["eta"], meta["t"], meta["k"]) == ("vickrey", 4.0, 0.25, 2)
+    assert "seed" not in meta and meta["noise"].startswith("reproducible (simulation only)")
     assert meta["embeddings"]["spec"] == str(coffee_glove) and meta["users"] == 115
     assert "eta·d_chi per token" in meta["guarantee"] and "Hamming-like composition" in meta["guarantee"]
     first = out.read_bytes()
@@ -490,3 +491,29 @@ def test_docs_example_runs(capsys):
     assert len(out[0].split()) == 6 and "eta·d_chi per token" in out[1]
     medians = [float(line.split()[3]) for line in out[2:5]]
     assert medians == sorted(medians)
+
+
+def test_privatize_cli_noise_is_secret_unless_seeded(cli, coffee_posts, coffee_glove, tmp_path, capsys):
+    """Without --seed the noise comes from the OS CSPRNG: two runs on the same input differ, and
+    nothing written beside the output (sidecar, stderr) determines the noise; with --seed the
+    output is reproducible and one line warns that the seed removes the noise."""
+    common = ["privatize", str(coffee_posts), "--embeddings", str(coffee_glove), "--eta", "2", "--mechanism", "txt", "--progress-every", "1000"]
+    assert cli([*common, "--out", str(tmp_path / "a.jsonl")]) == 0
+    err_a = capsys.readouterr().err
+    assert cli([*common, "--out", str(tmp_path / "b.jsonl")]) == 0
+    capsys.readouterr()
+    a, b = (tmp_path / "a.jsonl").read_bytes(), (tmp_path / "b.jsonl").read_bytes()
+    assert a.count(b"\n") == b.count(b"\n") and a != b  # eta = 2 changes most tokens: two secret draws differ
+    side = json.loads((tmp_path / "a.privacy.json").read_text())
+    assert "seed" not in side and side["noise"].startswith("secret")
+    assert "seed" not in err_a and "reproducible noise" not in err_a
+    # The seeds a reader might guess reproduce neither output.
+    for guess in (0, 1):
+        assert cli([*common, "--seed", str(guess), "--out", str(tmp_path / f"s{guess}.jsonl")]) == 0
+        err = capsys.readouterr().err
+        assert err.splitlines()[0] == "warning: reproducible noise: anyone with the seed can remove it; for simulation only"
+        assert (tmp_path / f"s{guess}.jsonl").read_bytes() not in (a, b)
+    assert cli([*common, "--seed", "1", "--out", str(tmp_path / "s1b.jsonl")]) == 0
+    assert (tmp_path / "s1b.jsonl").read_bytes() == (tmp_path / "s1.jsonl").read_bytes()
+    side = json.loads((tmp_path / "s1.privacy.json").read_text())
+    assert "seed" not in side and "1" not in side["noise"]

@@ -60,6 +60,7 @@ def test_the_empirical_lower_bound_stays_below_the_accountants_epsilon(prepared,
     q = 100 / (prepared.train.num_users + int(prepared.audit_canaries.included.sum()))
     assert r["accountant_epsilon"] == pytest.approx(rdp_epsilon(q, 30, Z, 1e-5), rel=1e-9) and r["unit"] == "user"
     assert 1.0 < r["accountant_epsilon"] < 2.5
+    assert (r["relation"], r["accountant_relation"], r["accountant_bounds_audit"]) == ("add-or-remove-one user", "add-or-remove-one user", True)
     assert 0.0 <= r["epsilon_lower_bound"] <= r["accountant_epsilon"]
     assert r["epsilon_lower_bound_fdp"] <= r["accountant_epsilon"]
 

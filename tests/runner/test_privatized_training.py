@@ -20,6 +20,8 @@ from fedpriv.data.sources import open_corpus
 from fedpriv.errors import ConfigError
 from fedpriv.privacy.local.embeddings import load_glove
 from fedpriv.privacy.local.mechanisms import privatize_text
+from fedpriv.privacy.streams import PRIVATIZE as PRIVATIZE_STREAM
+from fedpriv.privacy.streams import stream_key
 from fedpriv.rundir import PRIVATIZE as PRIVATIZE_FILE
 from fedpriv.runner.prepare import load_training_corpora, prepare
 
@@ -167,12 +169,13 @@ def test_same_seed_same_data_other_seed_other_data(private, shk_glove):
 
 
 def test_one_implementation_user_i_uses_fold_in_of_the_seed(plain, private, shk_glove):
-    """User i's words are privatize_text with key fold_in(key(seed), i) over its examples in order."""
+    """User i's words are privatize_text with key fold_in(fold_in(key(seed), PRIVATIZE), i) (the
+    privatize stream) over its examples in order."""
     space = load_glove(shk_glove)
     for i in (0, 7):
         u = plain.train.user_ids[i]
         words = [w for ex in plain.train[u] for w in ex.words()]
-        new, note = privatize_text(jax.random.fold_in(jax.random.key(0), i), words, space, space, "txt", 1.0)
+        new, note = privatize_text(jax.random.fold_in(stream_key(0, PRIVATIZE_STREAM), i), words, space, space, "txt", 1.0)
         assert new == [w for ex in private.train[u] for w in ex.words()]
     assert note == private.privatized["guarantee"]
 

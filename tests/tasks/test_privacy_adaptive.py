@@ -21,6 +21,7 @@ from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.errors import ConfigError, FedprivError, PrivacyParameterError
 from fedpriv.privacy.clipping import supports_fast
 from fedpriv.privacy.local.mechanisms import TokenIndex, privatize_streams, privatize_tokens, privatize_tokens_jit
+from fedpriv.privacy.streams import LOCAL_INPUTS, stream_key
 from fedpriv.tasks.bert_ner import BertNERTask
 from fedpriv.tasks.local_inputs import SET_STREAM, LocalInputs
 from fedpriv.tasks.mlm import MLMTask, example_keys
@@ -72,10 +73,15 @@ def test_fixed_draws_are_one_release_per_example_and_match_the_host_streams(tok,
     local = task.local
     out = np.asarray(local.fixed(b["ids"], b["seed"]))
     ids, seeds = np.asarray(b["ids"]), np.asarray(b["seed"])
-    # the same as the host-side corpus privatizer with stream = the example's seed, position = j
+    # the same as the host-side corpus privatizer: key fold_in(root, lo), stream = hi, position = j,
+    # root the local_inputs stream of the user key
+    assert seeds.shape == (12, 2) and seeds.dtype == np.uint32
     rows, cols = np.nonzero(local.ordinary[ids])
-    host = privatize_streams(jax.random.key(4), seeds[rows].astype(np.uint32), cols, ids[rows, cols], TokenIndex(local.table, local.allowed), 3.0)
-    np.testing.assert_array_equal(out[rows, cols], host)
+    root = stream_key(4, LOCAL_INPUTS)
+    for r in range(12):
+        at = rows == r
+        host = privatize_streams(jax.random.fold_in(root, int(seeds[r, 0])), np.full(at.sum(), seeds[r, 1], np.uint32), cols[at], ids[r, cols[at]], TokenIndex(local.table, local.allowed), 3.0)
+        np.testing.assert_array_equal(out[r, cols[at]], host)
     special = ~local.ordinary[ids]
     np.testing.assert_array_equal(out[special], ids[special])  # [CLS], [SEP], [PAD], [UNK] sent unchanged
     assert 0.1 < np.mean(out[rows, cols] != ids[rows, cols]) < 0.99

@@ -3,9 +3,12 @@
 the ``[privatize]`` stage of the training pipeline (:func:`privatize_training_corpus`, which keeps
 it in memory as a :class:`~fedpriv.data.corpus.FederatedCorpus`).
 
-Keys: user number i (in the corpus's user order) privatizes with ``fold_in(key(seed), i)``, its
-token j (counting over its examples in order) with ``fold_in(that, j)``; a user's output depends
-only on the seed, its position and its own words, never on how users are batched.
+Keys: the stream ``privatize`` of :mod:`fedpriv.privacy.streams` (:func:`privatize_root`): user
+number i (in the corpus's user order) privatizes with ``fold_in(fold_in(root, PRIVATIZE.id), i)``,
+its token j (counting over its examples in order) with ``fold_in(that, j)``; a user's output
+depends only on the root, its position and its own words, never on how users are batched. The
+root is a secret key (:func:`fedpriv.privacy.streams.secret_root`) for a released corpus, or
+``key(seed)`` for a simulation: anyone with that seed can recompute, and remove, the noise.
 """
 
 from __future__ import annotations
@@ -18,7 +21,10 @@ import numpy as np
 from fedpriv.data.examples import Example, TaggedExample, TextExample
 from fedpriv.errors import FedprivError
 
-KEY_SCHEME = "user i (corpus order) uses fold_in(jax.random.key(seed), i); its token j (over its examples in order) fold_in(that, j)"
+KEY_SCHEME = "user i (corpus order) uses fold_in(fold_in(root, PRIVATIZE), i); its token j (over its examples in order) fold_in(that, j)"
+#: How the root was drawn, for the record written beside the output (never the seed or the key).
+SECRET_ROOT = "secret: drawn from the OS CSPRNG (os.urandom), never stored; the noise cannot be recomputed"
+SEEDED_ROOT = "reproducible (simulation only): jax.random.key(seed) of a seed given by the caller (not stored here); anyone with the seed can recompute and remove the noise"
 NOT_COVERED = "user ids, the number of examples per user, the number of words per example and timestamps are copied as they are"
 NOT_COVERED_TAGGED = NOT_COVERED + "; NER tags are kept as they are (they are not privatized: where the entities are, and their types, leave the user)"
 
@@ -27,6 +33,21 @@ def new_stats() -> dict[str, int]:
     """Counters :func:`privatize_users` updates: users, examples, tokens (read), done (privatized),
     changed (output differs from input id), oov (inputs outside the embedding vocabulary)."""
     return {"users": 0, "examples": 0, "tokens": 0, "changed": 0, "oov": 0, "done": 0}
+
+
+def privatize_root(seed: Any) -> Any:
+    """The first key of the ``privatize`` stream: ``fold_in(root_key(seed), PRIVATIZE.id)``;
+    ``seed`` an int (simulation) or a key (e.g. :func:`~fedpriv.privacy.streams.secret_root`).
+
+    >>> import jax
+    >>> from fedpriv.privacy.streams import PRIVATIZE
+    >>> k = privatize_root(0)
+    >>> bool((jax.random.key_data(k) == jax.random.key_data(jax.random.fold_in(jax.random.key(0), PRIVATIZE.id))).all())
+    True
+    """
+    from fedpriv.privacy.streams import PRIVATIZE, stream_key
+
+    return stream_key(seed, PRIVATIZE)
 
 
 def _lookup(space: Any, casefold: bool) -> Callable[[list[str]], np.ndarray]:
@@ -107,7 +128,7 @@ def privatize_users(
     eta: float,
     t: float | None = None,
     k: int = 2,
-    seed: int = 0,
+    seed: Any = 0,
     batch_tokens: int = 8192,
     casefold: bool = False,
     stats: dict[str, int] | None = None,
@@ -120,13 +141,13 @@ def privatize_users(
     tokens per call (the last padded: one program shape), which does not change the output.
     ``casefold``: look a word the space lacks up lowercased (tagged corpora). ``stats`` (see
     :func:`new_stats`) is updated as users are read and privatized. Parameters are the caller's
-    to check (:func:`fedpriv.privacy.local.mechanisms.check_text_mechanism`)."""
-    import jax
-
+    to check (:func:`fedpriv.privacy.local.mechanisms.check_text_mechanism`). ``seed``: an int
+    (simulation) or a root key (:func:`~fedpriv.privacy.streams.secret_root` for a release); the
+    keys are :func:`privatize_root`'s."""
     from fedpriv.privacy.local.mechanisms import privatize_streams
 
     st = stats if stats is not None else new_stats()
-    index, root, words = space.index(), jax.random.key(seed), space.words
+    index, root, words = space.index(), privatize_root(seed), space.words
 
     def apply(streams: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return privatize_streams(root, streams, positions, ids, index, eta, mechanism, t, k)
@@ -141,7 +162,7 @@ def represent_users(
     users: Iterable[tuple[str, list[Example]]],
     space: Any,
     eta: float,
-    seed: int = 0,
+    seed: Any = 0,
     batch_tokens: int = 8192,
     stats: dict[str, int] | None = None,
 ) -> Iterator[tuple[str, list[Example], list[np.ndarray]]]:
@@ -149,12 +170,10 @@ def represent_users(
     embedding plus noise with density ∝ exp(-eta·||N||) (float32, (words, dim) per example), with
     the same keys as :func:`privatize_users`, so M_txt of the same seed is the nearest word to
     each of these vectors. Words outside the space take its OOV row."""
-    import jax
-
     from fedpriv.privacy.local.mechanisms import privatize_stream_representations
 
     st = stats if stats is not None else new_stats()
-    root = jax.random.key(seed)
+    root = privatize_root(seed)
 
     def apply(streams: np.ndarray, positions: np.ndarray, ids: np.ndarray) -> np.ndarray:
         return privatize_stream_representations(root, streams, positions, ids, space.table, eta)

@@ -1,0 +1,118 @@
+"""Simulation vs released noise (issue 30, point 1): a training run's guarantee says that its noise
+is reproducible from its seed; --secure-noise draws the noise and the sampling from a secret that
+is never stored, and a resumed secure run refuses to go on without that same secret."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import numpy as np
+import pytest
+
+from fedpriv.config import load_config
+from fedpriv.errors import ConfigError
+from fedpriv.privacy.streams import SECURE_NOTE, SIMULATION_NOTE
+from fedpriv.rundir import RunDir
+from fedpriv.runner.dispatch import train_run
+from fedpriv.runner.prepare import prepare
+from fedpriv.training.noise import SECRET_ENV, noise_seed, with_secure_noise
+
+BASE = """
+name = "noise"
+seed = 5
+[data]
+source = "synthetic:users=30,examples=300"
+[vocab]
+size = 100
+seq_len = 8
+[task]
+kind = "nwp"
+model = "tiny"
+[training]
+optimizer = "adam"
+learning_rate = 0.01
+batch_size = 8
+steps = 4
+eval_every = 2
+checkpoint_every = 2
+"""
+DP_SGD = "[privacy]\nclip_norm = 1.0\nnoise_multiplier = 1.0\ndelta = 1e-4\n"
+SECRET = "00112233445566778899aabbccddeeff"
+
+
+def config(tmp_path, text):
+    path = tmp_path / "c.toml"
+    path.write_text(text)
+    return load_config(path)
+
+
+def params(run):
+    import jax
+
+    return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(RunDir(run).read_params_tree())])
+
+
+def train_rows(run):
+    return [r for r in RunDir(run).metrics() if r["split"] == "train"]
+
+
+@pytest.mark.slow
+def test_secure_noise_is_secret_and_resumes_only_with_its_secret(tmp_path, monkeypatch):
+    sim = prepare(config(tmp_path, BASE + DP_SGD))
+    train_run(sim, tmp_path / "sim", "central")
+    assert all(r["guarantee"].endswith(SIMULATION_NOTE) for r in train_rows(tmp_path / "sim"))
+
+    secure = dataclasses.replace(sim, config=with_secure_noise(sim.config))  # the same data, prepared once
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    train_run(secure, tmp_path / "full", "central")
+    train_run(secure, tmp_path / "part", "central", stop_after=2)
+    meta = json.loads((tmp_path / "part" / "config.json").read_text())
+    assert meta["noise"] == {"secure": True, "secret_sha256": noise_seed(secure.config).fingerprint}
+    assert SECRET not in (tmp_path / "part" / "config.json").read_text()
+    # Resuming without the secret, or with another one, is refused in one line before any step.
+    monkeypatch.delenv(SECRET_ENV)
+    with pytest.raises(ConfigError, match=f"resuming a --secure-noise run needs its secret: set {SECRET_ENV}"):
+        train_run(secure, tmp_path / "part", "central")
+    monkeypatch.setenv(SECRET_ENV, "ff" * 16)
+    with pytest.raises(ConfigError, match="is not the secret this --secure-noise run started with"):
+        train_run(secure, tmp_path / "part", "central")
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    train_run(secure, tmp_path / "part", "central")
+    np.testing.assert_array_equal(params(tmp_path / "part"), params(tmp_path / "full"))  # the same secret replays the same noise
+    assert not np.array_equal(params(tmp_path / "full"), params(tmp_path / "sim"))  # not the seed's noise
+    rows = train_rows(tmp_path / "full")
+    assert all(r["guarantee"].endswith(SECURE_NOTE) for r in rows)
+    assert [r["epsilon"] for r in rows] == [r["epsilon"] for r in train_rows(tmp_path / "sim")]  # same accounting
+
+
+def test_secure_noise_config_is_checked(tmp_path, monkeypatch):
+    with pytest.raises(ConfigError, match="adds no DP noise"):
+        with_secure_noise(config(tmp_path, BASE))
+    cfg = with_secure_noise(config(tmp_path, BASE + DP_SGD))
+    assert cfg.privacy.secure_noise and noise_seed(cfg).secure
+    assert not noise_seed(config(tmp_path, BASE + DP_SGD)).secure
+    fed = BASE + '[federated]\nstrategy = "dp-fedavg"\nrounds = 2\nclients_per_round = 4\nclip_norm = 0.5\n[federated.dp]\nnoise_multiplier = 1.0\ndelta = 1e-4\n'
+    assert with_secure_noise(config(tmp_path, fed)).federated.dp.secure_noise
+    with pytest.raises(ConfigError, match="client-side DP-SGD"):
+        with_secure_noise(config(tmp_path, fed + "[federated.client_dp]\nclip_norm = 1.0\nnoise_multiplier = 1.0\ndelta = 1e-4\n"))
+    # Without the variable, every secure run draws a fresh secret from the OS.
+    monkeypatch.delenv(SECRET_ENV, raising=False)
+    a, b = noise_seed(cfg), noise_seed(cfg)
+    assert a.fingerprint != b.fingerprint and a.entropy != b.entropy
+    monkeypatch.setenv(SECRET_ENV, "abc")
+    with pytest.raises(ConfigError, match="hex digits"):
+        noise_seed(cfg)
+    monkeypatch.setenv(SECRET_ENV, "ab" * 8)
+    with pytest.raises(ConfigError, match="at least 128"):
+        noise_seed(cfg)
+
+
+def test_the_secure_noise_flag_refuses_runs_without_dp_noise_in_one_line(capsys):
+    """--secure-noise on a run (or an experiment) that adds no DP noise: exit 2, one line, before
+    any data is read."""
+    from fedpriv.cli import main
+
+    assert main(["train", "federated", "experiments/fedavg-shakespeare-quick.toml", "--secure-noise"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("fedpriv: error:") and "adds no DP noise" in err and len(err.splitlines()) == 1
