@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -81,8 +81,9 @@ class WordVocab:
             return out, lengths
         out[:, 0] = self.bos
         kept = np.minimum(lengths, seq_len)
-        get, oov = self._index.get, self.oov
-        flat = np.fromiter((get(w, oov) for w in chain.from_iterable(ws[:seq_len] for ws in words)), dtype=np.int32, count=int(kept.sum()))
+        total = int(kept.sum())
+        kept_words = chain.from_iterable(ws[:seq_len] for ws in words)
+        flat = np.fromiter(map(self._index.get, kept_words, repeat(self.oov, total)), dtype=np.int32, count=total)
         rows = np.repeat(np.arange(n), kept)
         cols = 1 + np.arange(len(flat)) - np.repeat(np.cumsum(kept) - kept, kept)
         out[rows, cols] = flat
