@@ -39,7 +39,7 @@ def build_task(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
         if cfg.task.model not in PRESETS:
             raise ConfigError(f"task.model: unknown NWP preset {cfg.task.model!r}; choose one of {', '.join(PRESETS)}")
         _check_options(NWPTask, cfg.task.options, {"vocab", "seq_len", "model"})
-        vocab = WordVocab.build((ex.text for ex in train.records()), cfg.vocab.size)
+        vocab = WordVocab.from_counts(train.flat_text().word_counts(), cfg.vocab.size)  # the same counts as splitting every text
         return NWPTask(vocab, cfg.vocab.seq_len, cfg.task.model, **cfg.task.options)
     if kind == "ner":
         from fedpriv.tasks.ner import NERTask
