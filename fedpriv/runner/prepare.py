@@ -106,9 +106,8 @@ def encode_corpus(task: Task, corpus: FederatedCorpus, cuts: Cuts | None = None)
     total = corpus.num_examples
     out: Batch | None = None
     row = 0
-    encode_flat = getattr(task, "encode_flat", None)
-    if encode_flat is not None and corpus.kind == "text":  # the corpus read once as flat arrays (NWP)
-        encoded = encode_flat(corpus.flat_text(), ENCODE_CHUNK)
+    if getattr(task, "encodes_flat", False) and corpus.kind == "text":  # the corpus read once as flat arrays (NWP)
+        encoded = task.encode_flat(corpus.flat_text(), ENCODE_CHUNK)
     else:
         encoded = (task.encode_measured(chunk) for chunk in _chunks(corpus.records(), ENCODE_CHUNK))
     for batch, words_cut, words, pieces in encoded:

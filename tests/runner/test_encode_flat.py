@@ -135,3 +135,15 @@ def test_encode_ids_equals_encode():
     ids = v.table_ids(table)[np.array(flat, dtype=np.int64)]
     for seq_len in (1, 5, 20):
         np.testing.assert_array_equal(v.encode_ids(ids, starts, seq_len), np.stack([v.encode(t, seq_len) for t in texts]))
+
+
+def test_a_subclass_that_encodes_otherwise_is_encoded_by_its_own_encode(arxiv):
+    class Shifted(NWPTask):
+        def encode(self, examples):
+            batch = super().encode(examples)
+            return {**batch, "ids": batch["ids"] + 1}
+
+    small = arxiv.subset(list(arxiv.user_ids[:50]))
+    vocab = WordVocab.build((ex.text for ex in small.records()), 300)
+    assert NWPTask(vocab, 20, "tiny").encodes_flat and not Shifted(vocab, 20, "tiny").encodes_flat
+    np.testing.assert_array_equal(encode_corpus(Shifted(vocab, 20, "tiny"), small)["ids"], encode_corpus(NWPTask(vocab, 20, "tiny"), small)["ids"] + 1)
