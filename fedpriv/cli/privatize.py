@@ -90,7 +90,7 @@ def privatize_corpus(
     its token j (counting over its examples in order) with ``fold_in(that, j)``; so a user's output
     depends only on the seed, its position and its own words, not on ``batch_tokens``."""
     from fedpriv import __version__
-    from fedpriv.data.sources import open_corpus
+    from fedpriv.data.sources import open_corpus, split_format
     from fedpriv.privacy.local.corpus import KEY_SCHEME, NOT_COVERED, new_stats, privatize_users
     from fedpriv.privacy.local.mechanisms import guarantee_note
     from fedpriv.runner.embeddings import load_embeddings
@@ -113,7 +113,8 @@ def privatize_corpus(
     t0 = time.perf_counter()
     space = load_embeddings(embeddings, max_words, say)
     say(f"embeddings: {space.source}: {len(space):,} rows of dimension {space.dim}, {space.allowed.size:,} words may be output")
-    corpus = open_corpus(source, format=format, **(options or {}))
+    format, options = split_format(format, options or {})
+    corpus = open_corpus(source, format=format, **options)
     if corpus.kind != "text":
         raise FedprivError(f"{source}: holds {corpus.kind} (NER) examples; privatize handles text corpora (next-word prediction data)")
     total_users = corpus.num_users

@@ -95,10 +95,11 @@ def bert_vocabulary(cfg: ExperimentConfig, train: FederatedCorpus, lowercase: bo
     if v.source is None:
         corpus, source, users = train, cfg.data.source, "training users"
     else:
-        from fedpriv.data.sources import open_corpus
+        from fedpriv.data.sources import open_corpus, split_format
 
         try:
-            corpus = open_corpus(v.source, format=v.source_format, **v.source_options)
+            fmt, options = split_format(v.source_format, v.source_options)
+            corpus = open_corpus(v.source, format=fmt, **options)
         except FedprivError as e:
             raise ConfigError(f"vocab.source: {e}") from None
         source, users = v.source, "all users"
