@@ -128,7 +128,7 @@ def privatize_corpus(
     ``batch_tokens``. ``seed`` None: the root is secret (OS CSPRNG, never stored); an int: the
     root is ``key(seed)``, reproducible, for simulations only (a one-line warning says so)."""
     from fedpriv import __version__
-    from fedpriv.data.sources import open_corpus
+    from fedpriv.data.sources import open_corpus, split_format
     from fedpriv.privacy.local.corpus import KEY_SCHEME, NOT_COVERED, SECRET_ROOT, SEEDED_ROOT, new_stats, privatize_users
     from fedpriv.privacy.local.mechanisms import guarantee_note
     from fedpriv.privacy.streams import secret_root
@@ -156,7 +156,8 @@ def privatize_corpus(
     t0 = time.perf_counter()
     space = load_embeddings(embeddings, max_words, say)
     say(f"embeddings: {space.source}: {len(space):,} rows of dimension {space.dim}, {space.allowed.size:,} words may be output")
-    corpus = open_corpus(source, format=format, **(options or {}))
+    format, options = split_format(format, options or {})
+    corpus = open_corpus(source, format=format, **options)
     if corpus.kind != "text":
         raise FedprivError(f"{source}: holds {corpus.kind} (NER) examples; privatize handles text corpora (next-word prediction data)")
     total_users = corpus.num_users

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from fedpriv.data.examples import Example, Kind, kind_of
+from fedpriv.data.flat import FlatText
 from fedpriv.data.stores import (
     MappedStore,
     MemoryStore,
@@ -44,6 +45,7 @@ class FederatedCorpus:
         #: derived from this one (subsets, splits, filters) keep them.
         self.info: dict = dict(info or {})
         self._counts: np.ndarray | None = None
+        self._flat: FlatText | None = None
         if len(store.user_ids()) == 0:
             raise EmptyCorpusError(f"{name}: the corpus has no users")
 
@@ -139,6 +141,13 @@ class FederatedCorpus:
         """The flattened view for central training: every example, users in order, each user's in order."""
         for _, exs in self.users():
             yield from exs
+
+    def flat_text(self) -> FlatText:
+        """Every example's words as flat arrays (:class:`~fedpriv.data.flat.FlatText`), read once
+        and kept: the vocabulary and the encoding of one corpus share one read."""
+        if self._flat is None:
+            self._flat = FlatText.from_corpus(self)
+        return self._flat
 
     def __repr__(self) -> str:
         return f"FederatedCorpus({self.name!r}, kind={self.kind}, users={self.num_users})"

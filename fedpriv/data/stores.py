@@ -50,6 +50,16 @@ class UserStore(ABC):
         """Examples per user (int64), aligned with :meth:`user_ids`. Override when cheaper."""
         return np.fromiter((len(self.examples(u)) for u in self.user_ids()), dtype=np.int64)
 
+    def word_table(self) -> Sequence[str] | None:
+        """For a text store that holds words as ids: the words, so that :meth:`word_ids` can be
+        read without building text (:class:`fedpriv.data.flat.FlatText`). None otherwise."""
+        return None
+
+    def word_ids(self, user_id: str) -> tuple[np.ndarray, np.ndarray]:
+        """The user's examples as ``(ids into word_table(), flat; words per example, int64)``: the
+        same words as splitting the texts of :meth:`examples`. Only where :meth:`word_table` is not None."""
+        raise NotImplementedError
+
 
 class MemoryStore(UserStore):
     """Users held in a dict of lists; ordered by :func:`user_sort_key`."""
@@ -166,6 +176,12 @@ class SubsetStore(UserStore):
             self._counts = super().counts()
         return self._counts
 
+    def word_table(self) -> Sequence[str] | None:
+        return self._base.word_table()
+
+    def word_ids(self, user_id: str) -> tuple[np.ndarray, np.ndarray]:
+        return self._base.word_ids(user_id)
+
 
 class MappedStore(UserStore):
     """Each user's examples passed through ``fn``; users left with no example are dropped.
@@ -224,6 +240,14 @@ class TruncatedStore(UserStore):
 
     def counts(self) -> np.ndarray:
         return self._counts
+
+    def word_table(self) -> Sequence[str] | None:
+        return self._base.word_table()
+
+    def word_ids(self, user_id: str) -> tuple[np.ndarray, np.ndarray]:
+        ids, lengths = self._base.word_ids(user_id)
+        lengths = lengths[: self._max]
+        return ids[: int(lengths.sum())], lengths
 
 
 class ReshardedStore(UserStore):

@@ -364,9 +364,35 @@ class SyntheticStore(UserStore):
     def _user_rng(self, index: int) -> np.random.Generator:
         return np.random.default_rng([self.config.seed, _STREAM_USER, index])
 
+    def word_table(self) -> Sequence[str]:
+        return self.vocabulary
+
+    def word_ids(self, user_id: str) -> tuple[np.ndarray, np.ndarray]:
+        """The words :meth:`generate` joins into the user's texts, as ids into :attr:`vocabulary`
+        (int32, flat) and words per example (int64); no text is built."""
+        self.generated += 1
+        ids, lengths, _ = self._draw_words(self.index_of(user_id))
+        return ids.astype(np.int32, copy=False), lengths
+
     def generate(self, index: int) -> list[TextExample]:
         """User ``index``'s examples, vectorized: one draw per quantity for all its sentences."""
         self.generated += 1
+        ids, lengths, rng = self._draw_words(index)
+        n = len(lengths)
+        # Words carry their separator: ' ' inside a sentence, '\n' at its end; one join, one split.
+        toks = self._word_sp[ids]
+        ends = np.cumsum(lengths) - 1
+        toks[ends] = self._word_nl[ids[ends]]
+        texts = "".join(toks.tolist()).split("\n")
+        texts.pop()  # the empty string after the final '\n'
+
+        lo, hi = np.sort(rng.uniform(_T_START, _T_END, size=2))
+        gaps = np.cumsum(rng.exponential(1.0, size=n + 1))
+        times = np.floor(lo + (hi - lo) * (gaps[:-1] / gaps[-1])).tolist()
+        return [TextExample(t, ts) for t, ts in zip(texts, times)]
+
+    def _draw_words(self, index: int) -> tuple[np.ndarray, np.ndarray, np.random.Generator]:
+        """``(word ids, words per example, the user's RNG after drawing them)``."""
         cfg = self.config
         n = int(self._counts[index])
         rng = self._user_rng(index)
@@ -393,18 +419,7 @@ class SyntheticStore(UserStore):
         if fav is not None and cfg.favourite_rate > 0:
             hit = np.flatnonzero(rng.random(total) < cfg.favourite_rate)
             ids[hit] = fav[rng.integers(0, len(fav), size=len(hit))]
-
-        # Words carry their separator: ' ' inside a sentence, '\n' at its end; one join, one split.
-        toks = self._word_sp[ids]
-        ends = np.cumsum(lengths) - 1
-        toks[ends] = self._word_nl[ids[ends]]
-        texts = "".join(toks.tolist()).split("\n")
-        texts.pop()  # the empty string after the final '\n'
-
-        lo, hi = np.sort(rng.uniform(_T_START, _T_END, size=2))
-        gaps = np.cumsum(rng.exponential(1.0, size=n + 1))
-        times = np.floor(lo + (hi - lo) * (gaps[:-1] / gaps[-1])).tolist()
-        return [TextExample(t, ts) for t, ts in zip(texts, times)]
+        return ids, lengths, rng
 
 
 def load_synthetic(spec_or_config: str | SyntheticConfig) -> FederatedCorpus:

@@ -37,7 +37,7 @@ import jax
 from pydantic import ValidationError
 
 from fedpriv.config import RUN_REF, MeasureConfig
-from fedpriv.data.sources import open_corpus
+from fedpriv.data.sources import open_corpus, split_format
 from fedpriv.errors import FedprivError
 from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.privacy.local.measure import corpus_words, plausible_deniability, plot_deniability, token_inversion
@@ -100,7 +100,8 @@ def run_measure(store: str | Path, m: MeasureConfig, log: Callable[[str], None] 
     )
     inversion: dict[str, Any] | None = None
     if m.inversion_tokens != 0:
-        corpus = open_corpus(str(m.inversion_source), format=m.inversion_format, **m.inversion_options)
+        fmt, options = split_format(m.inversion_format, m.inversion_options)
+        corpus = open_corpus(str(m.inversion_source), format=fmt, **options)
         inv = token_inversion(jax.random.fold_in(key, 1), space, corpus_words(corpus), m.etas, max_tokens=_count(m.inversion_tokens))
         for eta, acc in zip(inv.etas, inv.accuracy):
             say(f"eta {eta:g}: inversion accuracy {acc:.4f} over {inv.tokens:,} {space.unit} positions of {corpus.name}")

@@ -110,17 +110,21 @@ def encode_corpus(task: Task, corpus: FederatedCorpus, cuts: Cuts | None = None)
     total = corpus.num_examples
     out: Batch | None = None
     row = 0
-    for chunk in _chunks(corpus.records(), ENCODE_CHUNK):
-        batch, words_cut, words, pieces = task.encode_measured(chunk)
+    if getattr(task, "encodes_flat", False) and corpus.kind == "text":  # the corpus read once as flat arrays (NWP)
+        encoded = task.encode_flat(corpus.flat_text(), ENCODE_CHUNK)
+    else:
+        encoded = (task.encode_measured(chunk) for chunk in _chunks(corpus.records(), ENCODE_CHUNK))
+    for batch, words_cut, words, pieces in encoded:
+        n = len(words)
         if cuts is not None:
             cuts.add_many(words_cut, words, pieces)
         if out is None:
             out = _rows_like(batch, total)
-        if row + len(chunk) > total:
+        if row + n > total:
             raise FedprivError(f"{corpus.name}: more records than its {total} counted examples")
         for k, v in batch.items():
-            out[k][row : row + len(chunk)] = v
-        row += len(chunk)
+            out[k][row : row + n] = v
+        row += n
     if out is None or row != total:
         raise FedprivError(f"{corpus.name}: {row} records encoded but {total} counted")
     return out

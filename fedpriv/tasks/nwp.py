@@ -10,7 +10,7 @@ are per token over the whole evaluation set (perplexity = exp(total loss / total
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import jax
@@ -19,6 +19,7 @@ import numpy as np
 import optax
 
 from fedpriv.data.examples import Example
+from fedpriv.data.flat import FlatText
 from fedpriv.models.capture import apply_model
 from fedpriv.models.nwp import NWPLSTM, PRESETS, NWPConfig
 from fedpriv.rundir import WORD_VOCAB
@@ -49,13 +50,33 @@ class NWPTask(Task):
         return max(0, len(example.words()) - self.seq_len)
 
     def encode(self, examples: Sequence[Example]) -> Batch:
-        return self.encode_measured(examples)[0]
+        return self._encode_words(examples)[0]
 
     def encode_measured(self, examples: Sequence[Example]) -> tuple[Batch, np.ndarray, np.ndarray, list[None]]:
         """One split of each text gives the ids, the words and the words cut (vectorized)."""
-        ids, lengths = self.vocab.encode_words([e.text.split() for e in examples], self.seq_len)
-        batch = {"ids": ids, "mask": np.ones(len(ids), np.float32)}
+        if type(self).encode is not NWPTask.encode:  # a subclass that encodes otherwise
+            return super().encode_measured(examples)
+        batch, lengths = self._encode_words(examples)
         return batch, np.maximum(lengths - self.seq_len, 0), lengths, [None] * len(examples)
+
+    def _encode_words(self, examples: Sequence[Example]) -> tuple[Batch, np.ndarray]:
+        ids, lengths = self.vocab.encode_words([e.text.split() for e in examples], self.seq_len)
+        return {"ids": ids, "mask": np.ones(len(ids), np.float32)}, lengths
+
+    @property
+    def encodes_flat(self) -> bool:
+        """Whether :meth:`encode_flat` gives what :meth:`encode` gives: not for a subclass that
+        encodes otherwise."""
+        return type(self).encode is NWPTask.encode and type(self).encode_measured is NWPTask.encode_measured
+
+    def encode_flat(self, flat: FlatText, chunk: int) -> Iterator[tuple[Batch, np.ndarray, np.ndarray, list[None]]]:
+        """:meth:`encode_measured` of a corpus's examples read as flat arrays, ``chunk`` examples at
+        a time: the word table mapped to vocabulary ids once, then NumPy only (same rows)."""
+        to_vocab = self.vocab.table_ids(flat.words)
+        for tokens, starts in flat.chunks(chunk):
+            ids = self.vocab.encode_ids(to_vocab[tokens], starts, self.seq_len)
+            lengths = np.diff(starts)
+            yield {"ids": ids, "mask": np.ones(len(ids), np.float32)}, np.maximum(lengths - self.seq_len, 0), lengths, [None] * len(ids)
 
     def logits(self, params: Params, ids: jax.Array) -> jax.Array:
         return apply_model(self.model, params, ids[:, :-1])

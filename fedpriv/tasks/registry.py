@@ -39,7 +39,7 @@ def build_task(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
         if cfg.task.model not in PRESETS:
             raise ConfigError(f"task.model: unknown NWP preset {cfg.task.model!r}; choose one of {', '.join(PRESETS)}")
         _check_options(NWPTask, cfg.task.options, {"vocab", "seq_len", "model"})
-        vocab = WordVocab.build((ex.text for ex in train.records()), cfg.vocab.size)
+        vocab = WordVocab.from_counts(train.flat_text().word_counts(), cfg.vocab.size)  # the same counts as splitting every text
         return NWPTask(vocab, cfg.vocab.seq_len, cfg.task.model, **cfg.task.options)
     if kind == "ner":
         from fedpriv.tasks.ner import NERTask
@@ -95,10 +95,11 @@ def bert_vocabulary(cfg: ExperimentConfig, train: FederatedCorpus, lowercase: bo
     if v.source is None:
         corpus, source, users = train, cfg.data.source, "training users"
     else:
-        from fedpriv.data.sources import open_corpus
+        from fedpriv.data.sources import open_corpus, split_format
 
         try:
-            corpus = open_corpus(v.source, format=v.source_format, **v.source_options)
+            fmt, options = split_format(v.source_format, v.source_options)
+            corpus = open_corpus(v.source, format=fmt, **options)
         except FedprivError as e:
             raise ConfigError(f"vocab.source: {e}") from None
         source, users = v.source, "all users"

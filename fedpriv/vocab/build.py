@@ -150,9 +150,10 @@ def _as_corpus(source: FederatedCorpus | str, fmt: str | None, options: dict | N
     """``source`` itself, or the corpus its path or spec opens."""
     if isinstance(source, FederatedCorpus):
         return source
-    from fedpriv.data.sources import open_corpus
+    from fedpriv.data.sources import open_corpus, split_format
 
-    return open_corpus(str(source), format=fmt, **(options or {}))
+    fmt, options = split_format(fmt, options or {})
+    return open_corpus(str(source), format=fmt, **options)
 
 
 def _public_counts(public: FederatedCorpus | str, fmt: str | None, options: dict | None, lowercase: bool) -> tuple[str, Counter]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -76,19 +76,36 @@ class WordVocab:
         One dictionary lookup per kept word and NumPy for the rest: no per-example array."""
         n = len(words)
         lengths = np.fromiter(map(len, words), dtype=np.int64, count=n)
+        kept = np.minimum(lengths, seq_len)
+        total = int(kept.sum())
+        kept_words = chain.from_iterable(ws[:seq_len] for ws in words)
+        flat = np.fromiter(map(self._index.get, kept_words, repeat(self.oov, total)), dtype=np.int32, count=total)
+        return self._rows(flat, lengths, seq_len), lengths
+
+    def table_ids(self, words: Sequence[str]) -> np.ndarray:
+        """Each word's id here (int32; oov for a word not in the vocabulary): maps a word table's
+        ids to this vocabulary's with one NumPy gather."""
+        return np.fromiter(map(self._index.get, words, repeat(self.oov, len(words))), dtype=np.int32, count=len(words))
+
+    def encode_ids(self, ids: np.ndarray, starts: np.ndarray, seq_len: int = 20) -> np.ndarray:
+        """Examples given as ids of this vocabulary, flat (example i is ``ids[starts[i]:starts[i+1]]``)
+        -> the int32 (n, seq_len + 1) array of :meth:`encode`, with NumPy only."""
+        lengths = np.diff(starts)
+        offset = np.arange(len(ids), dtype=np.int64) - np.repeat(starts[:-1], lengths)
+        return self._rows(ids[offset < seq_len], lengths, seq_len)
+
+    def _rows(self, kept_ids: np.ndarray, lengths: np.ndarray, seq_len: int) -> np.ndarray:
+        """``[bos, ids..., eos, pad...]`` rows from each example's first ``seq_len`` ids (flat) and its length."""
+        n = len(lengths)
         out = np.zeros((n, seq_len + 1), dtype=np.int32)
-        if n == 0:
-            return out, lengths
         out[:, 0] = self.bos
         kept = np.minimum(lengths, seq_len)
-        get, oov = self._index.get, self.oov
-        flat = np.fromiter((get(w, oov) for w in chain.from_iterable(ws[:seq_len] for ws in words)), dtype=np.int32, count=int(kept.sum()))
         rows = np.repeat(np.arange(n), kept)
-        cols = 1 + np.arange(len(flat)) - np.repeat(np.cumsum(kept) - kept, kept)
-        out[rows, cols] = flat
+        cols = 1 + np.arange(len(kept_ids)) - np.repeat(np.cumsum(kept) - kept, kept)
+        out[rows, cols] = kept_ids
         short = np.flatnonzero(lengths < seq_len)
         out[short, 1 + lengths[short]] = self.eos
-        return out, lengths
+        return out
 
     def decode(self, ids: Iterable[int]) -> list[str]:
         """Ids -> tokens, with ``<pad>``, ``<oov>``, ``<bos>``, ``<eos>`` for the special ids."""

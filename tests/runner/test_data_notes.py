@@ -49,3 +49,22 @@ def test_synthetic_conll_users_and_ner_truncation(tmp_path):
     ]
     assert prep.train.num_users == 4 and prep.data["notes"] == [n.removeprefix("note: ") for n in notes]
     assert prep.summary()["notes"] == prep.data["notes"]
+
+
+def test_arxiv_sentences_are_said_once_and_recorded(tmp_path):
+    """The arXiv slice read as sentences: the splitter's note once in the log and in data.json,
+    with the rows and sentences it counted; the cut counts from the flat path match the records."""
+    from pathlib import Path
+
+    arxiv = Path(__file__).resolve().parents[1] / "data" / "arxiv-csai" / "abstracts.jsonl.gz"
+    options = {"user_column": "first_author", "text_column": "abstract", "unit": "sentence"}
+    cfg = validate_config({"name": "arxiv", "data": {"source": str(arxiv), "options": options}, "vocab": {"size": 2000, "seq_len": 20}})
+    said: list[str] = []
+    p = prepare(cfg, said.append)
+    notes = [m.removeprefix("note: ") for m in said if m.startswith("note: ")]
+    assert notes[0].startswith("examples are sentences (unit='sentence'): 3,295 rows of abstracts.jsonl.gz split into ")
+    assert sum(n.startswith("examples are sentences") for n in notes) == 1
+    assert p.data["notes"] == notes and p.data["source"]["unit"] == "sentence" and p.data["source"]["split_rows"] == 3295
+    assert p.data["source"]["sentences"] == p.train.num_examples + p.eval["heldout"].num_examples
+    cut = [len(e.words()) - 20 for e in p.train.records() if len(e.words()) > 20]
+    assert p.data["cut"]["training"]["cut"] == len(cut) and p.data["cut"]["training"]["words"] == sum(cut)

@@ -94,3 +94,56 @@ def test_default_encode_measured_of_a_tagged_task_counts_as_before():
     for k in old:
         np.testing.assert_array_equal(new[k], old[k])
     assert vars(new_cuts) == vars(old_cuts) and new_cuts.cut > 0
+
+
+def test_flat_text_of_a_synthetic_store_equals_its_texts_split():
+    """The synthetic store's ids (no text built) give the words its texts hold, through a held-out
+    split and a per-user cap; the generic read (one split per text) gives the same examples."""
+    from fedpriv.data.corpus import FederatedCorpus
+    from fedpriv.data.stores import SubsetStore
+    from fedpriv.data.synthetic import load_synthetic
+
+    train, _ = load_synthetic("synthetic:users=120,examples=3000,seed=4").split_heldout_users(0.2)
+    for corpus in (train, train.truncated(5)):
+        fast = corpus.flat_text()
+        assert corpus.store.word_table() is not None and corpus.store._base.word_table() is not None
+        texts = [ex.text for ex in corpus.records()]
+        generic = FederatedCorpus(SubsetStore(corpus.store, corpus.user_ids, corpus.counts()), "copy")
+        generic.store.word_table = lambda: None  # read it the generic way
+        slow = generic.flat_text()
+        assert fast.num_examples == slow.num_examples == len(texts) == corpus.num_examples
+        np.testing.assert_array_equal(fast.starts, slow.starts)
+        assert [fast.example_words(i) for i in range(0, len(texts), 97)] == [texts[i].split() for i in range(0, len(texts), 97)]
+        assert [slow.example_words(i) for i in range(0, len(texts), 97)] == [texts[i].split() for i in range(0, len(texts), 97)]
+        assert fast.word_counts() == slow.word_counts() == count_words(texts)
+        task = NWPTask(WordVocab.from_counts(fast.word_counts(), 300), 12, "tiny")
+        assert task.vocab.words == WordVocab.build(texts, 300).words
+        old_cuts, new_cuts = Cuts(), Cuts()
+        old = encode_per_example(task, corpus, old_cuts)
+        new = encode_corpus(task, corpus, new_cuts)
+        for k in old:
+            np.testing.assert_array_equal(new[k], old[k])
+        assert vars(new_cuts) == vars(old_cuts) and new_cuts.cut > 0
+
+
+def test_encode_ids_equals_encode():
+    v = WordVocab(["the", "a", "model"])
+    texts = ["", "the", "the a model " * 3, "x y z the", " ".join(["a"] * 5)]
+    table = ["the", "a", "model", "x", "y", "z"]
+    flat = [table.index(w) for t in texts for w in t.split()]
+    starts = np.cumsum([0] + [len(t.split()) for t in texts])
+    ids = v.table_ids(table)[np.array(flat, dtype=np.int64)]
+    for seq_len in (1, 5, 20):
+        np.testing.assert_array_equal(v.encode_ids(ids, starts, seq_len), np.stack([v.encode(t, seq_len) for t in texts]))
+
+
+def test_a_subclass_that_encodes_otherwise_is_encoded_by_its_own_encode(arxiv):
+    class Shifted(NWPTask):
+        def encode(self, examples):
+            batch = super().encode(examples)
+            return {**batch, "ids": batch["ids"] + 1}
+
+    small = arxiv.subset(list(arxiv.user_ids[:50]))
+    vocab = WordVocab.build((ex.text for ex in small.records()), 300)
+    assert NWPTask(vocab, 20, "tiny").encodes_flat and not Shifted(vocab, 20, "tiny").encodes_flat
+    np.testing.assert_array_equal(encode_corpus(Shifted(vocab, 20, "tiny"), small)["ids"], encode_corpus(NWPTask(vocab, 20, "tiny"), small)["ids"] + 1)
