@@ -54,6 +54,8 @@ def run_summary(
     elif run.has(TOKENIZER):  # inherited with the tokenizer: what a released tokenizer carries
         out["vocabulary"] = run.record(TOKENIZER, "tokenizer file").get("vocabulary")
     out["privacy_unit"] = privacy_unit(c, kind)
+    if c.data.max_examples_per_user is not None:  # a bound on each user's examples (group privacy across units)
+        out["max_examples_per_user"] = c.data.max_examples_per_user
     if kind == "central":
         out.update(algorithm="DP-SGD" if c.privacy else "SGD", order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
         if c.privacy:
