@@ -201,7 +201,17 @@ def _warn(message: str) -> None:
 _RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's checkpoint, metrics and parameters first (needed after a config change or a failed run).")
 
 
-def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False) -> dict:
+def _private_stats_option():
+    return typer.Option(False, "--log-private-stats", help="DP runs: also log statistics epsilon does not cover (realized batch and cohort "
+                        "sizes, example counts, delta norms, unnoised loss); the guarantee says so. Same as --set training.log_private_stats=true.")
+
+
+def _with_private_stats(overrides: dict, on: bool) -> dict:
+    """``overrides`` with ``training.log_private_stats = true`` when ``--log-private-stats`` is given."""
+    return {**overrides, "training.log_private_stats": True} if on else overrides
+
+
+def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False, private_stats: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
     from fedpriv.config import check_kind, load_config
     from fedpriv.rundir import RunDir
@@ -210,7 +220,7 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
     from fedpriv.runner.summary import train_summary
 
     say = None if as_json else _say
-    cfg = load_config(config, parse_options(set_, "--set"))
+    cfg = load_config(config, _with_private_stats(parse_options(set_, "--set"), private_stats))
     check_kind(cfg, kind, str(config))
     default = Path("runs") / (cfg.name if kind == "central" else f"{cfg.name}-federated")
     run_dir = out_dir or default
@@ -240,10 +250,11 @@ def train_central_cmd(
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many steps (resume later)."),
     restart: bool = _RESTART,
     set_: list[str] = _set_option(),
+    private_stats: bool = _private_stats_option(),
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
     with _naming(config):
-        summary = _train(config, "central", out, None, as_json, stop_after, set_, restart)
+        summary = _train(config, "central", out, None, as_json, stop_after, set_, restart, private_stats)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -259,10 +270,11 @@ def train_federated_cmd(
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop with a checkpoint after this many rounds (resume later)."),
     restart: bool = _RESTART,
     set_: list[str] = _set_option(),
+    private_stats: bool = _private_stats_option(),
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
     with _naming(config):
-        summary = _train(config, "federated", out, engine, as_json, stop_after, set_, restart)
+        summary = _train(config, "federated", out, engine, as_json, stop_after, set_, restart, private_stats)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -279,6 +291,7 @@ def run_cmd(
     stop_after: Optional[int] = typer.Option(None, "--stop-after", min=1, help="Stop the first run that trains after this many steps or rounds (resume later)."),
     restart: bool = typer.Option(False, "--restart", help="Start runs whose config changed, and failed runs, afresh (finished unchanged runs are kept)."),
     only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
+    private_stats: bool = _private_stats_option(),
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
     from fedpriv.runner.store import failures, run_experiment
@@ -286,7 +299,7 @@ def run_cmd(
     say = None if as_json else _say
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     with _naming(experiment):
-        store, summaries, complete = run_experiment(experiment, out_dir, parse_options(set_, "--set"), stop_after, say, restart, names)
+        store, summaries, complete = run_experiment(experiment, out_dir, _with_private_stats(parse_options(set_, "--set"), private_stats), stop_after, say, restart, names)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report

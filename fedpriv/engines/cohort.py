@@ -54,8 +54,14 @@ class CohortUpdate:
         plans = [s.plan(int(u), round_) for u in users]
         steps = next_power_of_two(max(len(p) for p in plans))
         pad = width - len(users)
+        cols = max(p.shape[1] for p in plans)
+        if s.client_dp is not None:  # Poisson-sampled steps vary in size: padded to a power of two, and every planned step is live
+            cols = next_power_of_two(cols)
+            plans = [np.pad(p, ((0, 0), (0, cols - p.shape[1])), constant_values=-1) for p in plans]
         parts = [s.data.batches(int(u), p, steps) for u, p in zip(users, plans)]
-        empty = s.data.batches(0, np.full((0, s.fcfg.local_batch_size), -1, np.int64), steps)
+        if s.client_dp is not None:  # a step that took no example still adds its noise
+            parts = [(b, (np.arange(steps) < len(p)).astype(np.float32)) for (b, _), p in zip(parts, plans)]
+        empty = s.data.batches(0, np.full((0, cols), -1, np.int64), steps)
         parts += [empty] * pad
         batches = {k: np.stack([b[k] for b, _ in parts]) for k in parts[0][0]}
         step_mask = np.stack([m for _, m in parts])

@@ -20,7 +20,7 @@ import numpy as np
 
 from fedpriv.clients.data import next_power_of_two
 from fedpriv.engines.cohort import CohortUpdate
-from fedpriv.engines.setup import FederatedSetup, client_loss_info, train_federated
+from fedpriv.engines.setup import FederatedSetup, train_federated
 from fedpriv.training.loop import LoopResult
 from fedpriv.training.prepared import Prepared
 
@@ -49,7 +49,7 @@ class VectorizedEngine:
             n = len(cohort)
             width = min(self.chunk, n if f.sampling == "fixed" else next_power_of_two(max(n, 1)))
             return [(cohort[i : i + width], width) for i in range(0, n, width)]
-        steps = np.array([self.setup.data.local_steps(int(u), f.local_epochs, f.local_batch_size, f.max_local_steps) for u in cohort], np.int64)
+        steps = np.array([self.setup.local_steps(int(u)) for u in cohort], np.int64)
         buckets = np.array([next_power_of_two(int(x)) for x in steps], np.int64)
         out = []
         for b in np.unique(buckets):
@@ -66,16 +66,15 @@ class VectorizedEngine:
         if s.canary_clients is not None:  # audit canaries: their directions, then the real users
             cohort, canaries = s.canary_clients.split(cohort)
             s.canary_clients.add(acc, state["params"], canaries)
-        counts = s.data.counts
         loss_sum, steps = 0.0, 0
         for users, width in self.chunks(cohort):
             deltas, mask, ls, st = self.cohort.deltas(state["params"], users, round_, width)
-            examples = np.concatenate([counts[users], np.zeros(width - len(users), np.int64)])
-            acc.add(deltas, examples, mask)
+            weights = np.concatenate([s.weights(users), np.zeros(width - len(users), np.int64)])
+            acc.add(deltas, weights, mask)
             loss_sum += ls
             steps += st
         state, info = s.core.finish_round(state, round_, acc)
-        return state, {**client_loss_info(loss_sum, steps, int(counts[cohort].sum())), **info}
+        return state, s.round_info(loss_sum, steps, int(s.data.counts[cohort].sum()), info)
 
 
 def run_vectorized(

@@ -185,9 +185,11 @@ class AdaptiveClipping:
         info = mean.clip_info(acc, S)
         norms = acc.all_norms
         unclipped = int(np.sum(norms <= np.float32(S)))
-        average, state, _ = _adaptive_finish(acc.total, unclipped, len(norms), key, state, mean.denominator)
+        z_delta = float(state.value_noise_multiplier)  # the values get z_delta < z (the count's noise pays the rest)
+        average, state, b_tilde = _adaptive_finish(acc.total, unclipped, len(norms), key, state, mean.denominator)
         info["next_clip_norm"] = float(state.clip_norm)
-        return average, state, {**info, "noise_stddev": self.inner.noise_multiplier * S / mean.denominator}
+        info["noised_unclipped_fraction"] = float(b_tilde)  # the DP release the clip update uses
+        return average, state, {**info, "noise_stddev": z_delta * S / mean.denominator}
 
 
 Aggregator = WeightedMean | ClippedMean | GaussianNoise | AdaptiveClipping
