@@ -208,7 +208,8 @@ class RoundStepper(Stepper):
         if row.get("client_epsilon") is not None:
             parts.append(f"record-level client epsilon {row['client_epsilon']:.3g} (delta {row['client_delta']:g}, add-or-remove-one example)")
         if row.get("clip_norm") is not None:
-            parts.append(f"clip {row['clip_norm']:.3g} (unclipped {row.get('unclipped_fraction', 0):.0%})")
+            frac = row.get("unclipped_fraction", row.get("noised_unclipped_fraction"))  # exact only with log_private_stats in a DP run
+            parts.append(f"clip {row['clip_norm']:.3g}" + (f" (unclipped {frac:.0%})" if frac is not None else ""))
         if row.get("epsilon") is not None:
             parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g}; {row['basis']})")
         parts += eval_text(eval_rows)
