@@ -143,7 +143,7 @@ class DPSGDStepper(CentralStepper):
         def apply(state, acc, key):
             grads = noise_and_normalize(acc, key, C, apply_sigma, denominator)
             updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-            return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, optax.global_norm(grads)
+            return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, optax.tree.norm(grads)
 
         self._sharding = None
         if self.P > 1:

@@ -93,7 +93,9 @@ def training_stage(s: Mapping[str, Any]) -> Stage:
     unit = s.get("privacy_unit") if eps is not None else None
     composable = eps is not None and s.get("kind") == "central" and s.get("sampling") == "poisson" and unit == "example"
     guarantee = s.get("guarantee") or ("not private" if eps is None else "")
-    return Stage(s["name"], s.get("task", "?"), s.get("data_source", "?"), eps, s.get("delta"), guarantee, composable, unit, s.get("max_examples_per_user"))
+    bound = s.get("max_examples_per_user")
+    bound = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound >= 1 else None
+    return Stage(s["name"], s.get("task", "?"), s.get("data_source", "?"), eps, s.get("delta"), guarantee, composable, unit, bound)
 
 
 def chain_runs(name: str, summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:

@@ -187,6 +187,7 @@ def not_covered(summary: Mapping[str, Any]) -> str:
         return ""
     out = []
     vocab = summary.get("vocabulary")
+    vocab = vocab if isinstance(vocab, Mapping) else None
     if vocab is None and summary.get("task") in ("nwp", "ner"):  # a run from before vocabulary records: learned from its training users
         out.append("vocabulary not private (learned from the training users without DP)")
     elif vocab and not vocab.get("dp") and source_key(str(vocab.get("source"))) == source_key(str(summary.get("data_source"))):
