@@ -374,12 +374,16 @@ class FederatedConfig(_Strict):
 
     @model_validator(mode="after")
     def _client_dp(self) -> "FederatedConfig":
-        """Client-side DP-SGD fixes its local steps (client_dp.local_steps): local_epochs and max_local_steps would make them depend on n_u."""
-        if self.client_dp is not None:
-            if self.local_epochs != 1 or self.max_local_steps is not None:
-                given = "local_epochs" if self.local_epochs != 1 else "max_local_steps"
-                raise ValueError(f"federated.{given} does not apply with [federated.client_dp]: every client makes exactly client_dp.local_steps "
-                                 "noisy steps per round whatever its number of examples (set client_dp.local_steps)")
+        """Client-side DP-SGD fixes its local steps (client_dp.local_steps, whatever n_u): local_epochs
+        (passes over n_u examples) does not apply, and max_local_steps may only be a cap it respects."""
+        cdp = self.client_dp
+        if cdp is not None:
+            if self.local_epochs != 1:
+                raise ValueError("federated.local_epochs does not apply with [federated.client_dp]: every client makes exactly "
+                                 "client_dp.local_steps noisy steps per round whatever its number of examples (set client_dp.local_steps)")
+            if self.max_local_steps is not None and self.max_local_steps < cdp.local_steps:
+                raise ValueError(f"federated.max_local_steps = {self.max_local_steps} is below client_dp.local_steps = {cdp.local_steps}: "
+                                 "with [federated.client_dp] every client makes exactly client_dp.local_steps noisy steps per round")
         return self
 
     @model_validator(mode="after")

@@ -189,9 +189,10 @@ def test_record_level_epsilon_with_poisson_steps_is_the_sampled_gaussian_compose
     assert f"{3 * k} Gaussian steps" in rep["client_guarantee"] and "q = 0.1" in rep["client_guarantee"]
 
 
-def test_client_dp_refuses_local_epochs_and_max_local_steps():
-    base = {"rounds": 1, "clients_per_round": 1, "client_dp": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5}}
+def test_client_dp_refuses_local_epochs_and_a_cap_below_its_steps():
+    base = {"rounds": 1, "clients_per_round": 1, "client_dp": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5, "local_steps": 3}}
     with pytest.raises(ConfigError, match="federated.local_epochs does not apply"):
         validate_config({"name": "x", "federated": {**base, "local_epochs": 2}})
-    with pytest.raises(ConfigError, match="federated.max_local_steps does not apply"):
-        validate_config({"name": "x", "federated": {**base, "max_local_steps": 3}})
+    with pytest.raises(ConfigError, match="federated.max_local_steps = 2 is below client_dp.local_steps = 3"):
+        validate_config({"name": "x", "federated": {**base, "max_local_steps": 2}})
+    assert validate_config({"name": "x", "federated": {**base, "max_local_steps": 3}}).federated.client_dp.local_steps == 3
