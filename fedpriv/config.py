@@ -526,9 +526,9 @@ class ExperimentConfig(_Strict):
         """[vocab] keys the task kind cannot use are refused, never silently ignored (issue 30):
         nwp and ner take a DP word histogram (dp and its parameters) but no other source,
         alphabet or public corpus; plug-ins are checked when their class is imported."""
-        kind, given = self.task.kind, self.vocab.model_fields_set
-        if kind in ("nwp", "ner"):
-            bert_only = [k for k in BERT_VOCAB_KEYS if k in given]
+        kind, v = self.task.kind, self.vocab
+        if kind in ("nwp", "ner"):  # set to a value other than the default (a stored config lists every key at its default)
+            bert_only = [k for k in BERT_VOCAB_KEYS if getattr(v, k) != VocabConfig.model_fields[k].get_default(call_default_factory=True)]
             if bert_only:
                 raise ValueError(f"vocab.{bert_only[0]} applies to BERT tasks (mlm, bert-ner), not task.kind = {kind!r}; "
                                  f"{kind} learns its words from the training users, plain or from a DP histogram (vocab.dp)")

@@ -78,3 +78,8 @@ def test_the_report_flags_a_dp_run_whose_vocabulary_is_not_private():
     assert not_covered({**s, "vocabulary": None}).startswith("vocabulary not private")  # a run stored before vocabulary records
     assert not_covered({**s, "vocabulary": {**s["vocabulary"], "dp": {"epsilon": 0.5}}}) == ""
     assert not_covered({**s, "epsilon": None}) == ""  # a run without DP: nothing is covered
+
+
+def test_a_stored_config_with_every_vocab_key_at_its_default_still_validates():
+    stored = _cfg("ner", {**DP}).model_dump(mode="json")  # config.json lists source = None, alphabet = "data", ...
+    assert validate_config(stored).vocab.dp == "gaussian"
