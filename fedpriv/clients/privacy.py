@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from fedpriv.clients.data import PLAN_STREAM
 from fedpriv.config import ClientDPConfig
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.budget import DPBudget
@@ -38,13 +39,19 @@ DP_PLAN_STREAM = 0x5EED_D95D
 _POPULATION = 1 << 30
 
 
-def dp_plan(n: int, steps: int, sampling_rate: float, seed: int, round_: int, user: int) -> np.ndarray:
+def dp_plan(n: int, steps: int, sampling_rate: float, seed: int, round_: int, user: int, batch_size: int) -> np.ndarray:
     """(steps, width) row positions within a user of ``n`` examples (-1 = padding): step s holds
-    each row independently with probability ``sampling_rate`` (every row when it is 1); width is
-    the largest step's size (at least 1). The draw comes from
-    ``default_rng([seed, DP_PLAN_STREAM, round_, user])``: the same in every engine and process."""
+    each row independently with probability ``sampling_rate``; width is the largest step's size
+    (at least 1). With ``sampling_rate`` 1 every step holds every row, in a fresh order, and the
+    width is max(n, ``batch_size``): for n <= B and one step, exactly local SGD's one-epoch plan
+    (:meth:`fedpriv.clients.data.ClientData.plan`, same stream). The draws come from
+    ``default_rng([seed, stream, round_, user])``: the same in every engine and process."""
     if sampling_rate >= 1.0:
-        return np.tile(np.arange(n, dtype=np.int64), (steps, 1)) if n else np.full((steps, 1), -1, np.int64)
+        rng = np.random.default_rng([seed, PLAN_STREAM, round_, user])
+        plan = np.full((steps, max(n, batch_size)), -1, dtype=np.int64)
+        for s in range(steps):
+            plan[s, :n] = rng.permutation(n)
+        return plan
     rng = np.random.default_rng([seed, DP_PLAN_STREAM, round_, user])
     taken = rng.random((steps, n)) < sampling_rate
     width = max(1, int(taken.sum(axis=1).max(initial=0)))

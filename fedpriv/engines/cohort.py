@@ -55,8 +55,8 @@ class CohortUpdate:
         steps = next_power_of_two(max(len(p) for p in plans))
         pad = width - len(users)
         cols = max(p.shape[1] for p in plans)
-        if s.client_dp is not None:  # Poisson-sampled steps vary in size: padded to a power of two, and every planned step is live
-            cols = next_power_of_two(cols)
+        if s.client_dp is not None:  # client-side DP-SGD's steps vary in size (Poisson: rounded up to a power of two); every planned step is live
+            cols = next_power_of_two(cols) if s.client_dp_sampling_rate < 1.0 else cols
             plans = [np.pad(p, ((0, 0), (0, cols - p.shape[1])), constant_values=-1) for p in plans]
         parts = [s.data.batches(int(u), p, steps) for u, p in zip(users, plans)]
         if s.client_dp is not None:  # a step that took no example still adds its noise

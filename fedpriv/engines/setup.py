@@ -78,6 +78,11 @@ class FederatedSetup:
         return out
 
     @property
+    def client_dp_sampling_rate(self) -> float:
+        """q of client-side DP-SGD (1 without it)."""
+        return self.fcfg.client_dp.sampling_rate if self.fcfg.client_dp is not None else 1.0
+
+    @property
     def private(self) -> bool:
         """A DP run (DP-FedAvg or client-side DP-SGD): the server learns no example counts, and
         the train rows hold no statistic epsilon does not cover unless ``training.log_private_stats``."""
@@ -88,7 +93,7 @@ class FederatedSetup:
         shuffled batches, or client-side DP-SGD's fixed K Poisson-sampled steps (:func:`dp_plan`)."""
         f, cdp = self.fcfg, self.fcfg.client_dp
         if cdp is not None:
-            return dp_plan(int(self.data.counts[user]), cdp.local_steps, cdp.sampling_rate, self.seed, round_, user)
+            return dp_plan(int(self.data.counts[user]), cdp.local_steps, cdp.sampling_rate, self.seed, round_, user, f.local_batch_size)
         return self.data.plan(user, round_, self.seed, f.local_epochs, f.local_batch_size, f.max_local_steps)
 
     def local_steps(self, user: int) -> int:

@@ -125,6 +125,14 @@ def dp_runtime(tmp_path_factory):
     return rt, [int(np.flatnonzero(counts == B)[0]), int(np.flatnonzero(counts == B + 1)[0])]
 
 
+def test_one_step_on_at_most_B_examples_is_the_one_epoch_local_sgd_plan(dp_runtime):
+    rt, _ = dp_runtime
+    setup, f = rt.setup, rt.setup.fcfg
+    user = int(np.flatnonzero(setup.data.counts <= B)[0])
+    one = dp_plan(int(setup.data.counts[user]), 1, 1.0, setup.seed, 2, user, B)
+    assert np.array_equal(one, setup.data.plan(user, 2, setup.seed, 1, f.local_batch_size, None))
+
+
 def test_clients_with_kB_and_kB_plus_1_examples_run_the_same_number_of_noisy_steps(dp_runtime):
     # Before: ceil(n_u / B) local steps, so one more example at n_u = kB added a whole noise draw,
     # visible in the delta's variance. Now every client makes exactly K noisy steps.
@@ -167,16 +175,18 @@ def test_an_empty_poisson_step_still_adds_its_noise(tmp_path):
 
 
 def test_poisson_plan_takes_each_example_with_probability_q():
-    plan = dp_plan(40, 500, 0.25, seed=7, round_=3, user=11)
+    plan = dp_plan(40, 500, 0.25, seed=7, round_=3, user=11, batch_size=8)
     taken = np.zeros((500, 40), bool)
     for s, row in enumerate(plan):
         taken[s, row[row >= 0]] = True
         assert len(set(row[row >= 0])) == (row >= 0).sum()  # no example twice in a step
     # 20,000 Bernoulli(0.25) draws: the mean is within 0.012 (4 standard errors)
     assert abs(taken.mean() - 0.25) < 0.012
-    assert np.array_equal(plan, dp_plan(40, 500, 0.25, seed=7, round_=3, user=11))
-    assert not np.array_equal(plan, dp_plan(40, 500, 0.25, seed=7, round_=4, user=11))
-    assert np.array_equal(dp_plan(5, 2, 1.0, 0, 1, 1), np.tile(np.arange(5), (2, 1)))
+    assert np.array_equal(plan, dp_plan(40, 500, 0.25, seed=7, round_=3, user=11, batch_size=8))
+    assert not np.array_equal(plan, dp_plan(40, 500, 0.25, seed=7, round_=4, user=11, batch_size=8))
+    full = dp_plan(5, 2, 1.0, 0, 1, 1, batch_size=8)  # q = 1: every example in every step, a fresh order each
+    assert full.shape == (2, 8) and all(sorted(row[row >= 0]) == list(range(5)) for row in full)
+    assert dp_plan(12, 3, 1.0, 0, 1, 1, batch_size=8).shape == (3, 12)
 
 
 def test_record_level_epsilon_with_poisson_steps_is_the_sampled_gaussian_composed():
