@@ -217,7 +217,8 @@ class DataConfig(_Strict):
 
 
 class VocabConfig(_Strict):
-    """The vocabulary. NWP: the top-``size`` words of the training users. BERT tasks: a WordPiece
+    """The vocabulary. NWP: the top-``size`` words of the training users (NER: the top
+    ``task.options.vocab_size``), plain or, with ``dp``, of their DP histogram. BERT tasks: a WordPiece
     vocabulary of at most ``size`` tokens, learned from the training users, or from ``source`` (e.g.
     a private corpus's vocabulary for a model pretrained on public text, Hoory et al. 2021), plain
     or from a DP histogram (``dp``; see :func:`fedpriv.vocab.build.build_vocab` for the mechanisms,
@@ -228,7 +229,7 @@ class VocabConfig(_Strict):
     source: str | None = Field(None, min_length=1, description="BERT: learn the vocabulary from this SOURCE (all its users) instead of the training users")
     source_format: str | None = Field(None, description="format of source, if not guessed from the path")
     source_options: dict[str, Any] = Field(default_factory=dict, description="loader options of source")
-    dp: Literal["gaussian", "laplace", "count"] | None = Field(None, description="BERT: learn from this DP histogram (gaussian: Hoory et al. 2021 tuples)")
+    dp: Literal["gaussian", "laplace", "count"] | None = Field(None, description="learn the words (nwp, ner) or WordPiece vocabulary (BERT) from this DP histogram of the training users (gaussian: Hoory et al. 2021 tuples)")
     epsilon: float | None = Field(None, gt=0.0, description="dp: target epsilon (gaussian, count: < 1)")
     sigma: float | None = Field(None, gt=0.0, description="dp: Gaussian noise std in counts, instead of epsilon")
     delta: float = Field(1e-9, gt=0.0, lt=1.0, description="dp: delta")
@@ -262,6 +263,8 @@ class VocabConfig(_Strict):
 
 
 BUILTIN_TASKS = ("nwp", "ner", "mlm", "bert-ner")
+#: [vocab] keys only BERT tasks use (nwp and ner learn their words from the training users).
+BERT_VOCAB_KEYS = ("source", "source_format", "source_options", "alphabet", "public", "public_format", "public_options")
 #: The entry-point group in which a package names its tasks (``task.kind = "NAME"``).
 TASK_ENTRY_POINTS = "fedpriv.tasks"
 _IMPORT_PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -326,6 +329,7 @@ class TrainingConfig(_Strict):
     eval_every: int = Field(200, ge=1, description="steps between evaluations")
     checkpoint_every: int = Field(200, ge=1, description="steps between checkpoints")
     eval_batch_size: int = Field(256, ge=1)
+    log_private_stats: bool = Field(False, description="DP runs: also log statistics epsilon does not cover (realized batch/cohort size, example counts, delta norms, unnoised loss); the guarantee then says so (--log-private-stats)")
 
     @model_validator(mode="after")
     def _check(self) -> "TrainingConfig":
@@ -395,11 +399,17 @@ class FederatedDPConfig(_Strict):
 
 class ClientDPConfig(_Strict):
     """Client-side DP-SGD (``[federated.client_dp]``): each client runs DP-SGD on its own examples
-    (record-level DP, Jana and Biemann 2021)."""
+    (record-level DP, Jana and Biemann 2021). A participating client makes exactly
+    ``local_steps`` noisy steps per round whatever its number of examples; each step takes each of
+    its examples independently with probability ``sampling_rate`` (Poisson; 1 = all of them),
+    clips each example's gradient to C, adds N(0, (sigma*C)^2) and divides by the public
+    ``federated.local_batch_size`` (see :mod:`fedpriv.clients.privacy`)."""
 
     clip_norm: float = Field(..., gt=0.0, description="C: per-example L2 clip inside each client")
     noise_multiplier: float = Field(..., gt=0.0, description="sigma: noise std sigma*C on each local step's clipped sum")
     delta: float = Field(..., gt=0.0, lt=1.0, description="record-level delta")
+    local_steps: int = Field(1, ge=1, description="K: noisy local steps per round, the same for every client whatever its number of examples")
+    sampling_rate: float = Field(1.0, gt=0.0, le=1.0, description="q: each local step takes each of the client's examples independently with probability q (Poisson; 1 = every example every step)")
 
 
 class FlowerConfig(_Strict):
@@ -463,6 +473,20 @@ class FederatedConfig(_Strict):
                 if key in raw:
                     raise ValueError(f"federated.{key} is now {new} (the [federated] section has sub-tables dp, client_dp and flower)")
         return raw
+
+    @model_validator(mode="after")
+    def _client_dp(self) -> "FederatedConfig":
+        """Client-side DP-SGD fixes its local steps (client_dp.local_steps, whatever n_u): local_epochs
+        (passes over n_u examples) does not apply, and max_local_steps may only be a cap it respects."""
+        cdp = self.client_dp
+        if cdp is not None:
+            if self.local_epochs != 1:
+                raise ValueError("federated.local_epochs does not apply with [federated.client_dp]: every client makes exactly "
+                                 "client_dp.local_steps noisy steps per round whatever its number of examples (set client_dp.local_steps)")
+            if self.max_local_steps is not None and self.max_local_steps < cdp.local_steps:
+                raise ValueError(f"federated.max_local_steps = {self.max_local_steps} is below client_dp.local_steps = {cdp.local_steps}: "
+                                 "with [federated.client_dp] every client makes exactly client_dp.local_steps noisy steps per round")
+        return self
 
     @model_validator(mode="after")
     def _strategy(self) -> "FederatedConfig":
@@ -630,6 +654,19 @@ class ExperimentConfig(_Strict):
             raise ValueError("[utility] measures the target on validation users: set data.validation_fraction (e.g. 0.1)")
         if self.audit.empirical and self.audit.empirical_kind == "client" and (self.federated is None or self.federated.clip_norm is None):
             raise ValueError("audit.empirical_kind = 'client' (random-direction canary clients) needs a federated run that clips: strategy 'dp-fedavg' or 'fedavg-clip'")
+        return self
+
+    @model_validator(mode="after")
+    def _vocab_for_kind(self) -> "ExperimentConfig":
+        """[vocab] keys the task kind cannot use are refused, never silently ignored (issue 30):
+        nwp and ner take a DP word histogram (dp and its parameters) but no other source,
+        alphabet or public corpus; plug-ins are checked when their class is imported."""
+        kind, v = self.task.kind, self.vocab
+        if kind in ("nwp", "ner"):  # set to a value other than the default (a stored config lists every key at its default)
+            bert_only = [k for k in BERT_VOCAB_KEYS if getattr(v, k) != VocabConfig.model_fields[k].get_default(call_default_factory=True)]
+            if bert_only:
+                raise ValueError(f"vocab.{bert_only[0]} applies to BERT tasks (mlm, bert-ner), not task.kind = {kind!r}; "
+                                 f"{kind} learns its words from the training users, plain or from a DP histogram (vocab.dp)")
         return self
 
     def audit_canary_kind(self) -> str | None:

@@ -147,7 +147,7 @@ class DPSGDStepper(CentralStepper):
         def apply(state, acc, key):
             grads = noise_and_normalize(acc, key, C, apply_sigma, denominator)
             updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-            return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}
+            return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, optax.tree.norm(grads)
 
         self._sharding = None
         if self.P > 1:
@@ -185,9 +185,20 @@ class DPSGDStepper(CentralStepper):
                 batch = jax.device_put(batch, self._sharding[0])
             acc, ls, c = self._accumulate(state["params"], acc, batch, jax.random.fold_in(key, k + 1))
             loss_sum, count = loss_sum + ls, count + c
-        state = self._apply(state, acc, jax.random.fold_in(key, 0))
+        state, noised_norm = self._apply(state, acc, jax.random.fold_in(key, 0))
         self.budget.record()
-        return state, {"loss": float(loss_sum / jnp.maximum(count, 1.0))}
+        info = {"noised_update_norm": float(noised_norm)}  # public: the divergence check reads it
+        if self.cfg.log_private_stats:  # the batch's unnoised loss and realized size: outside epsilon
+            info.update(loss=float(loss_sum / jnp.maximum(count, 1.0)), batch_examples=float(count))
+        return state, info
+
+    def train_row(self, done: int, infos: list[dict[str, Any]]) -> dict[str, Any]:
+        """The last step's noised update norm (public) and the privacy columns; the mean batch
+        loss only with ``training.log_private_stats`` (it is computed without noise)."""
+        row: dict[str, Any] = {"noised_update_norm": infos[-1]["noised_update_norm"] if infos else None}
+        if self.cfg.log_private_stats:
+            row["loss"] = sum(i["loss"] for i in infos) / max(len(infos), 1)
+        return {**row, **self.privacy_report()}
 
     def stop_reason(self, done: int) -> str | None:
         return self.budget.stop_reason(done)

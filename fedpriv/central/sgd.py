@@ -67,7 +67,8 @@ class CentralStepper(Stepper):
         return {"loss": total / max(len(infos), 1), **self.privacy_report()}
 
     def describe(self, done: int, row: dict[str, Any], eval_rows: list[dict[str, Any]], seconds: float, since: int) -> str:
-        parts = [f"step {done}/{self.total}", f"train loss {row['loss']:.4f}"]
+        loss = f"train loss {row['loss']:.4f}" if row.get("loss") is not None else f"noised update norm {row.get('noised_update_norm') or 0:.4g}"
+        parts = [f"step {done}/{self.total}", loss]
         if row.get("epsilon") is not None:
             parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g}; {row.get('basis', '')})")
         parts += eval_text(eval_rows)

@@ -14,6 +14,7 @@ from fedpriv.config import TrainingConfig
 from fedpriv.errors import FedprivError
 from fedpriv.rundir import RunDir
 from fedpriv.tasks.base import Batch, Params, Task
+from fedpriv.training.coverage import coverage
 from fedpriv.training.loop import LoopResult, Target, run_loop
 from fedpriv.training.noise import check_secret_on_resume, noise_meta, noise_seed
 from fedpriv.training.optimizers import make_optimizer
@@ -70,7 +71,9 @@ def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None
     tx = training_optimizer(cfg.training, steps)
     if cfg.privacy is None:
         return SGDStepper(prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, tx, steps)
-    return DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts(), noise_seed(cfg))
+    stepper = DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts(), noise_seed(cfg))
+    stepper.budget.coverage = coverage(cfg, prepared.task, cfg.privacy.unit, cfg.training.log_private_stats)
+    return stepper
 
 
 def train_prepared_central(prepared: Prepared, run_dir: str | os.PathLike[str], stop_after: int | None = None, log: Callable[[str], None] | None = None) -> LoopResult:

@@ -212,8 +212,18 @@ _RESTART = typer.Option(False, "--restart", help="Start afresh: remove the run's
 _SECURE = typer.Option(False, "--secure-noise", help="Draw the DP noise and the sampling from a secret that is never stored (FEDPRIV_NOISE_SECRET, hex, or the OS CSPRNG), for a model that is released; resuming needs the same FEDPRIV_NOISE_SECRET. Default: reproducible from the seed (simulation).")
 
 
+def _private_stats_option():
+    return typer.Option(False, "--log-private-stats", help="DP runs: also log statistics epsilon does not cover (realized batch and cohort "
+                        "sizes, example counts, delta norms, unnoised loss); the guarantee says so. Same as --set training.log_private_stats=true.")
+
+
+def _with_private_stats(overrides: dict, on: bool) -> dict:
+    """``overrides`` with ``training.log_private_stats = true`` when ``--log-private-stats`` is given."""
+    return {**overrides, "training.log_private_stats": True} if on else overrides
+
+
 def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[str], as_json: bool, stop_after: Optional[int], set_: list[str], restart: bool = False,
-           allow_large_delta: bool = False, secure: bool = False) -> dict:
+           allow_large_delta: bool = False, secure: bool = False, private_stats: bool = False) -> dict:
     """Prepare CONFIG once, train it (``kind``; federated on ``engine``) and build its summary."""
     from fedpriv.config import check_kind, load_config
     from fedpriv.rundir import RunDir, hold
@@ -222,7 +232,7 @@ def _train(config: Path, kind: str, out_dir: Optional[Path], engine: Optional[st
     from fedpriv.runner.summary import train_summary
 
     say = None if as_json else _say
-    cfg = load_config(config, parse_options(set_, "--set"))
+    cfg = load_config(config, _with_private_stats(parse_options(set_, "--set"), private_stats))
     check_kind(cfg, kind, str(config))
     if secure:
         from fedpriv.training.noise import with_secure_noise
@@ -268,10 +278,11 @@ def train_central_cmd(
     allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
     secure: bool = _SECURE,
+    private_stats: bool = _private_stats_option(),
 ) -> None:
     """Train a model centrally (SGD/momentum/Adam over records, IID or non-IID order)."""
     with _naming(config):
-        summary = _train(config, "central", _out_option(out), None, as_json, stop_after, set_, restart, allow_large_delta, secure)
+        summary = _train(config, "central", _out_option(out), None, as_json, stop_after, set_, restart, allow_large_delta, secure, private_stats)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -289,10 +300,11 @@ def train_federated_cmd(
     allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     set_: list[str] = _set_option(),
     secure: bool = _SECURE,
+    private_stats: bool = _private_stats_option(),
 ) -> None:
     """Train federated: sampled users run local SGD, the strategy aggregates their deltas each round."""
     with _naming(config):
-        summary = _train(config, "federated", _out_option(out), engine, as_json, stop_after, set_, restart, allow_large_delta, secure)
+        summary = _train(config, "federated", _out_option(out), engine, as_json, stop_after, set_, restart, allow_large_delta, secure, private_stats)
     if as_json:
         print(json.dumps(summary, indent=2))
     else:
@@ -311,6 +323,7 @@ def run_cmd(
     only: Optional[str] = typer.Option(None, "--only", help="Run only these runs, NAME[,NAME] (the others stay as they are in the store)."),
     allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     secure: bool = typer.Option(False, "--secure-noise", help="Every run that adds DP noise draws it, and its sampling, from a secret that is never stored (FEDPRIV_NOISE_SECRET, hex, or the OS CSPRNG); runs without DP noise are unchanged. Default: reproducible from the seed (simulation)."),
+    private_stats: bool = _private_stats_option(),
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
     from fedpriv.runner.store import failures, run_experiment
@@ -318,7 +331,7 @@ def run_cmd(
     say = None if as_json else _say
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     with _naming(experiment):
-        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), parse_options(set_, "--set"), stop_after, say, restart, names, allow_large_delta, secure)
+        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), _with_private_stats(parse_options(set_, "--set"), private_stats), stop_after, say, restart, names, allow_large_delta, secure)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report
@@ -453,7 +466,7 @@ def demo(
 ) -> None:
     """The main job: `fedpriv run experiments/demo.toml` (central against federated memorization
     on the bundled Shakespeare) and its report."""
-    run_cmd(config, out_dir, set_, True, as_json, None, False, only, allow_large_delta=False, secure=False)
+    run_cmd(config, out_dir, set_, True, as_json, None, False, only, allow_large_delta=False, secure=False, private_stats=False)
 
 
 def _one_line(message: str) -> str:

@@ -99,7 +99,15 @@ class CohortUpdate:
         plans = [s.plan(int(u), round_) for u in users]
         steps = next_power_of_two(max(len(p) for p in plans))
         pad = width - len(users)
+        if s.client_dp is not None:  # client-side DP-SGD's steps vary in size (Poisson: rounded up to a power of two); every planned step is live
+            cols = max(p.shape[1] for p in plans)
+            cols = next_power_of_two(cols) if s.client_dp_sampling_rate < 1.0 else cols
+            plans = [np.pad(p, ((0, 0), (0, cols - p.shape[1])), constant_values=-1) for p in plans]
         batches, step_mask = s.data.group_batches(users, plans, steps, width)
+        if s.client_dp is not None:  # a step that took no example still adds its noise
+            step_mask = np.zeros_like(step_mask)
+            for i, p in enumerate(plans):
+                step_mask[i, : len(p)] = 1.0
         keys = client_keys(s.seed, round_, np.concatenate([users, np.zeros(pad, np.int64)]))
         deltas, loss_sums = self.update(params, batches, step_mask, keys)
         mask = np.concatenate([np.ones(len(users), np.float32), np.zeros(pad, np.float32)])

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.clients.data import ClientData
-from fedpriv.clients.privacy import RecordLevelPrivacy
+from fedpriv.clients.privacy import RecordLevelPrivacy, dp_plan
 from fedpriv.clients.update import ClientDP
 from fedpriv.errors import ConfigError
 from fedpriv.memorization.empirical import AuditCanaries, client_direction
@@ -34,6 +34,7 @@ from fedpriv.strategies.aggregators import DeltaAccumulator
 from fedpriv.strategies.sampling import Participation
 from fedpriv.strategies.server import ServerCore
 from fedpriv.tasks.base import Params
+from fedpriv.training.coverage import coverage
 from fedpriv.training.loop import LoopResult, Stepper, eval_text, run_loop
 from fedpriv.training.noise import check_secret_on_resume, noise_meta, noise_seed
 from fedpriv.training.prepared import Prepared
@@ -62,10 +63,13 @@ class FederatedSetup:
         self.client_dp: ClientDP | None = None
         self.record_level: RecordLevelPrivacy | None = None
         self.participation: Participation | None = None
+        private_stats = cfg.training.log_private_stats
+        if self.core.budget is not None:
+            self.core.budget.coverage = coverage(cfg, self.task, "user", private_stats)
         cdp = self.fcfg.client_dp
         if cdp is not None:
             self.client_dp = ClientDP(cdp.clip_norm, cdp.noise_multiplier, self.fcfg.local_batch_size)
-            self.record_level = RecordLevelPrivacy(cdp, self.fcfg.local_epochs)
+            self.record_level = RecordLevelPrivacy(cdp, coverage(cfg, self.task, "example", private_stats))
             self.participation = Participation(self.core.sampler)
 
     def privacy_report(self, rounds: int) -> dict[str, Any]:
@@ -75,9 +79,62 @@ class FederatedSetup:
             out.update(self.record_level.report(self.participation.max_after(rounds)))
         return out
 
+    @property
+    def client_dp_sampling_rate(self) -> float:
+        """q of client-side DP-SGD (1 without it)."""
+        return self.fcfg.client_dp.sampling_rate if self.fcfg.client_dp is not None else 1.0
+
+    @property
+    def private(self) -> bool:
+        """A DP run (DP-FedAvg or client-side DP-SGD): the server learns no example counts, and
+        the train rows hold no statistic epsilon does not cover unless ``training.log_private_stats``."""
+        return self.fcfg.dp is not None or self.fcfg.client_dp is not None
+
     def plan(self, user: int, round_: int) -> np.ndarray:
-        f = self.fcfg
+        """(steps, width) row positions of ``user`` in round ``round_`` (-1 = padding): local SGD's
+        shuffled batches, or client-side DP-SGD's fixed K Poisson-sampled steps (:func:`dp_plan`)."""
+        f, cdp = self.fcfg, self.fcfg.client_dp
+        if cdp is not None:
+            return dp_plan(int(self.data.counts[user]), cdp.local_steps, cdp.sampling_rate, self.seed, round_, user, f.local_batch_size)
         return self.data.plan(user, round_, self.seed, f.local_epochs, f.local_batch_size, f.max_local_steps)
+
+    def local_steps(self, user: int) -> int:
+        """Local steps of ``user`` in a round (client-side DP-SGD: K for every user)."""
+        f = self.fcfg
+        if f.client_dp is not None:
+            return f.client_dp.local_steps
+        return self.data.local_steps(user, f.local_epochs, f.local_batch_size, f.max_local_steps)
+
+    def local_steps_of(self, users: np.ndarray) -> np.ndarray:
+        """:meth:`local_steps` of many users at once (int64)."""
+        f = self.fcfg
+        users = np.asarray(users, np.int64)
+        if f.client_dp is not None:
+            return np.full(len(users), f.client_dp.local_steps, np.int64)
+        return self.data.local_steps_of(users, f.local_epochs, f.local_batch_size, f.max_local_steps)
+
+    def weights(self, users: np.ndarray) -> np.ndarray:
+        """The aggregation weights of ``users``: their example counts (FedAvg), or 1 each in a DP
+        run, where the server must not learn n_u (DP-FedAvg's sum is uniform anyway; client-side
+        DP-SGD's record-level guarantee does not cover n_u)."""
+        users = np.asarray(users, np.int64)
+        if self.private:
+            return np.ones(len(users), np.int64)
+        return self.data.counts[users]
+
+    def round_info(self, loss_sum: float, steps: int, examples: int, info: dict[str, Any]) -> dict[str, Any]:
+        """A round's train-row statistics: the clients' (:func:`client_loss_info`) and the
+        aggregator's. In a DP run the statistics computed from the cohort's data without noise
+        (:data:`PRIVATE_ROUND_KEYS`) are left out and ``clients`` is the public expected cohort
+        size m (the realized size is private under Poisson sampling), unless
+        ``training.log_private_stats`` asks for them (the guarantee then says so)."""
+        row = {**client_loss_info(loss_sum, steps, examples), **info}
+        if self.private and not self.config.training.log_private_stats:
+            for k in PRIVATE_ROUND_KEYS:
+                row.pop(k, None)
+            if "clients" in row:
+                row["clients"] = self.core.m
+        return row
 
     def initial_params(self) -> Params:
         return self.prepared.initial_params(self.seed)
@@ -118,6 +175,11 @@ class Engine(Protocol):
     name: str
 
     def round(self, round_: int, state: dict) -> tuple[dict, dict[str, Any]]: ...
+
+
+#: Train-row keys of a round computed from the cohort's data without noise: a DP run logs them
+#: only with ``training.log_private_stats`` (``clients`` is replaced by the expected m).
+PRIVATE_ROUND_KEYS = ("loss", "local_steps", "examples", "mean_delta_norm", "unclipped_fraction")
 
 
 def client_loss_info(loss_sum: float, steps: int, examples: int) -> dict[str, Any]:
@@ -161,7 +223,8 @@ class RoundStepper(Stepper):
         if row.get("client_epsilon") is not None:
             parts.append(f"record-level client epsilon {row['client_epsilon']:.3g} (delta {row['client_delta']:g}, add-or-remove-one example)")
         if row.get("clip_norm") is not None:
-            parts.append(f"clip {row['clip_norm']:.3g} (unclipped {row.get('unclipped_fraction', 0):.0%})")
+            frac = row.get("unclipped_fraction", row.get("noised_unclipped_fraction"))  # exact only with log_private_stats in a DP run
+            parts.append(f"clip {row['clip_norm']:.3g}" + (f" (unclipped {frac:.0%})" if frac is not None else ""))
         if row.get("epsilon") is not None:
             parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g}; {row['basis']})")
         parts += eval_text(eval_rows)

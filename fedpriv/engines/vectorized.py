@@ -26,7 +26,7 @@ import numpy as np
 
 from fedpriv.clients.data import next_power_of_two
 from fedpriv.engines.cohort import CohortUpdate
-from fedpriv.engines.setup import FederatedSetup, client_loss_info, train_federated
+from fedpriv.engines.setup import FederatedSetup, train_federated
 from fedpriv.training.loop import LoopResult
 from fedpriv.strategies.aggregators import DeltaAccumulator
 from fedpriv.tasks.base import Params
@@ -76,7 +76,7 @@ class VectorizedEngine:
         if f.chunk_size != "auto":
             return int(f.chunk_size)
         row_bytes = sum(v[:1].nbytes for v in data.arrays.values())
-        longest = int(data.local_steps_of(np.array([int(np.argmax(data.counts))]), f.local_epochs, f.local_batch_size, f.max_local_steps)[0])
+        longest = int(self.setup.local_steps_of(np.array([int(np.argmax(data.counts))]))[0])
         params = jax.eval_shape(self.setup.initial_params)
         budget = int(device_memory_bytes() * AUTO_CHUNK_FRACTION)
         return auto_chunk_size(params, row_bytes, next_power_of_two(longest), f.local_batch_size, budget)
@@ -92,7 +92,7 @@ class VectorizedEngine:
         per bucket."""
         f = self.setup.fcfg
         cohort = np.asarray(cohort, np.int64)
-        steps = self.setup.data.local_steps_of(cohort, f.local_epochs, f.local_batch_size, f.max_local_steps)
+        steps = self.setup.local_steps_of(cohort)
         buckets = np.array([next_power_of_two(int(x)) for x in np.maximum(steps, 1)], np.int64)
         n = len(cohort)
         scan_width = min(self.chunk, n if f.sampling == "fixed" else next_power_of_two(max(n, 1)))
@@ -113,17 +113,16 @@ class VectorizedEngine:
             s.canary_clients.add(acc, state["params"], canaries)
         loss_sum, steps = self.add_cohort(acc, state["params"], cohort, round_)
         state, info = s.core.finish_round(state, round_, acc)
-        return state, {**client_loss_info(loss_sum, steps, int(s.data.counts[cohort].sum())), **info}
+        return state, s.round_info(loss_sum, steps, int(s.data.counts[cohort].sum()), info)
 
     def add_cohort(self, acc: DeltaAccumulator, params: Params, cohort: np.ndarray, round_: int) -> tuple[float, int]:
         """Add the deltas of ``cohort`` (real users) to ``acc``, a chunk at a time.
         Returns (sum of the users' local loss sums, real local steps)."""
-        counts = self.setup.data.counts
         loss_sum, steps = 0.0, 0
         for users, width in self.chunks(cohort):
             deltas, mask, ls, st = self.cohort.deltas(params, users, round_, width)
-            examples = np.concatenate([counts[users], np.zeros(width - len(users), np.int64)])
-            acc.add(deltas, examples, mask)
+            weights = np.concatenate([self.setup.weights(users), np.zeros(width - len(users), np.int64)])
+            acc.add(deltas, weights, mask)
             loss_sum += ls
             steps += st
         return loss_sum, steps

@@ -73,6 +73,13 @@ class DPBudget:
                 raise PrivacyParameterError(f"{key}.epsilon_budget needs a noise multiplier > 0")
             self.max_steps = steps_within_budget(self.event, epsilon_budget, delta, accountant, self.planned, f"{key}.epsilon_budget", step_word, say)
         self.ledger = PrivacyLedger()
+        #: What the guarantee must add (a non-private vocabulary, filters, logged statistics): an
+        #: object with ``statement(epsilon, delta) -> str`` (:class:`fedpriv.training.coverage.Coverage`), or None.
+        self.coverage: Any = None
+
+    def _guarantee(self, text: str, epsilon: float | None, delta: float | None) -> str:
+        extra = self.coverage.statement(epsilon, delta) if self.coverage is not None else ""
+        return f"{text}; {extra}" if extra else text
 
     def record(self) -> None:
         """Record one step's event (nothing without noise)."""
@@ -100,7 +107,7 @@ class DPBudget:
         a = self.answer()
         if a is None:
             return {"epsilon": 0.0, "delta": self.delta, "guarantee": f"no {self.step_word}s yet; {self.note}", "basis": self.event.basis()}
-        return {"epsilon": a.epsilon, "delta": a.delta, "guarantee": f"{a.describe()}; {self.note}", "basis": self.event.basis()}
+        return {"epsilon": a.epsilon, "delta": a.delta, "guarantee": f"{self._guarantee(a.describe(), a.epsilon, a.delta)}; {self.note}", "basis": self.event.basis()}
 
     def epsilon_after(self, steps: int) -> PrivacyAnswer:
         """epsilon at delta after ``steps`` of this step's mechanism (no ledger involved)."""

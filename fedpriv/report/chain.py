@@ -12,11 +12,17 @@ example, which holds for exactly these stages:
 
 * DP-WordPiece (Gaussian tuple histogram) with ``partition = "example"``, when no example of D
   has more than N words (the record's ``longest_example_words``): each example is then one tuple;
-* central DP-SGD with Poisson sampling (add or remove one example).
+* central example-level DP-SGD with Poisson sampling (add or remove one example).
 
-Any other DP stage on D (stream tuples, longer examples, fixed-size sampling, user-level
-federated DP) is reported with its own guarantee and D is marked "not composed". A stage that
-reads D without DP makes the chain not private on D; D that no stage reads is "not used".
+Epsilons are composed only within one privacy unit and relation: a user-level stage (user-level
+DP-SGD, DP-FedAvg) is never added to an example-level one. Any other DP stage on D (stream
+tuples, longer examples, fixed-size sampling, another unit) is reported with its own guarantee and
+D is marked "not composed": no single figure is printed. When stages of different units meet and
+the runs record a bound k on each user's examples (``data.max_examples_per_user``), the why says
+what group privacy gives per user (:func:`fedpriv.privacy.group.group_privacy`: an example-level
+(eps, delta) is (k eps, delta * sum_{i<k} e^(i eps)) per user of at most k examples), with its
+numbers, still without printing it as the chain's epsilon. A stage that reads D without DP makes
+the chain not private on D; D that no stage reads is "not used".
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedpriv.privacy.group import group_privacy
 from fedpriv.report.intervals import interval
 
 NOT_USED, NOT_PRIVATE, NOT_COMPOSED = "not used", "not private", "not composed"
@@ -40,7 +47,9 @@ ENCODER_UNIT = "example, encoder only"
 class Stage:
     """One step of a chain: ``what`` (vocabulary / the task kind), the run, the data it read, and
     its guarantee on that data (epsilon None: no DP). ``composable``: the guarantee is about adding
-    or removing one example (see the module docstring)."""
+    or removing one example (see the module docstring). ``unit``: what the guarantee protects
+    (``example``, ``user``, a histogram's tuple; None without DP or when not recorded);
+    ``examples_per_user``: the run's bound on each user's examples (None: no bound)."""
 
     run: str
     what: str
@@ -49,6 +58,8 @@ class Stage:
     delta: float | None
     guarantee: str
     composable: bool
+    unit: str | None = None
+    examples_per_user: int | None = None
 
 
 def source_key(source: str) -> str:
@@ -71,14 +82,20 @@ def vocabulary_stage(run: str, rec: Mapping[str, Any]) -> Stage:
         and dp.get("partition") == "example"
         and int(rec.get("longest_example_words", math.inf)) <= int(dp.get("tuple_size", 0))
     )
-    return Stage(run, "vocabulary", rec.get("source", "?"), dp.get("epsilon"), dp.get("delta"), dp.get("guarantee", ""), composable)
+    unit = "example" if composable else dp.get("unit")
+    return Stage(run, "vocabulary", rec.get("source", "?"), dp.get("epsilon"), dp.get("delta"), dp.get("guarantee", ""), composable, unit)
 
 
 def training_stage(s: Mapping[str, Any]) -> Stage:
+    """A run's own training as a stage; composable only for central example-level DP-SGD with
+    Poisson sampling (its summary's ``privacy_unit`` must say ``example``)."""
     eps = s.get("epsilon")
-    composable = eps is not None and s.get("kind") == "central" and s.get("sampling") == "poisson"
+    unit = s.get("privacy_unit") if eps is not None else None
+    composable = eps is not None and s.get("kind") == "central" and s.get("sampling") == "poisson" and unit == "example"
     guarantee = s.get("guarantee") or ("not private" if eps is None else "")
-    return Stage(s["name"], s.get("task", "?"), s.get("data_source", "?"), eps, s.get("delta"), guarantee, composable)
+    bound = s.get("max_examples_per_user")
+    bound = bound if isinstance(bound, int) and not isinstance(bound, bool) and bound >= 1 else None
+    return Stage(s["name"], s.get("task", "?"), s.get("data_source", "?"), eps, s.get("delta"), guarantee, composable, unit, bound)
 
 
 def chain_runs(name: str, summaries: Mapping[str, Mapping[str, Any]]) -> list[str]:
@@ -110,6 +127,9 @@ def compose(stages: Sequence[Stage], source: str) -> dict[str, Any]:
     if any(st.epsilon is None for st in on):
         bad = next(st for st in on if st.epsilon is None)
         return {"status": NOT_PRIVATE, "epsilon": None, "delta": None, "stages": names, "why": f"{bad.what} ({bad.run}) reads it without DP"}
+    units = list(dict.fromkeys(st.unit for st in on if st.unit in ("example", "user")))
+    if len(units) > 1:
+        return {"status": NOT_COMPOSED, "epsilon": None, "delta": None, "stages": names, "units": units, "why": across_units(on)}
     if not all(st.composable for st in on):
         bad = next(st for st in on if not st.composable)
         return {"status": NOT_COMPOSED, "epsilon": None, "delta": None, "stages": names,
@@ -118,6 +138,28 @@ def compose(stages: Sequence[Stage], source: str) -> dict[str, Any]:
     return {"status": "private", "epsilon": eps, "delta": delta, "stages": names,
             "why": f"({eps:.4g}, {delta:.3g})-DP against adding or removing one example of {dataset_label(source)}: "
                    f"basic composition of {' + '.join(names)}"}
+
+
+def across_units(on: Sequence[Stage]) -> str:
+    """Why stages of different privacy units get no single epsilon: each stage's own guarantee
+    and, where every user-level stage bounds each user's examples by k, the example-level stages
+    read per user by group privacy, with the numbers (basic composition of the user-level figures)."""
+    each = "; ".join(f"{st.what} ({st.run}): {st.unit or 'unit not recorded'}-level (ε = {st.epsilon:.4g}, δ = {st.delta:.3g})" for st in on)
+    out = f"its stages protect different units and are not added into one figure ({each})"
+    users = [st for st in on if st.unit == "user"]
+    examples = [st for st in on if st.unit == "example"]
+    bounds = {st.examples_per_user for st in users}
+    if users and examples and len(users) + len(examples) == len(on) and len(bounds) == 1 and None not in bounds:
+        k = bounds.pop()
+        per_user = [group_privacy(st.epsilon, st.delta, k) for st in examples]
+        eps = sum(e for e, _ in per_user) + sum(st.epsilon for st in users)
+        delta = sum(d for _, d in per_user) + sum(st.delta for st in users)
+        conv = ", ".join(f"{st.what} ({st.run}) ({st.epsilon:.4g}, {st.delta:.3g}) per example -> ({e:.4g}, {d:.3g}) per user"
+                         for st, (e, d) in zip(examples, per_user))
+        out += (f"; per user of at most k = {k} examples (data.max_examples_per_user), group privacy (k·ε, δ·Σ_(i<k) e^(i·ε); "
+                f"Vadhan 2017, Lemma 2.2) gives {conv}; with the user-level stages by basic composition: ({eps:.4g}, {delta:.3g}) "
+                f"per user, if every user-level stage is add-or-remove-one user")
+    return out
 
 
 def _dp_sources(stages: Sequence[Stage]) -> list[str]:

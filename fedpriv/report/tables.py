@@ -42,7 +42,7 @@ from fedpriv.memorization.audit import configuration_label
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.report import plots
-from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown
+from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown, source_key
 from fedpriv.report.intervals import Estimate, interval, paired_difference
 from fedpriv.report.measurements import write_measurements
 from fedpriv.report.warmstart import public_flag, public_notes, start_label
@@ -65,7 +65,7 @@ RUN_COLUMNS = [
     "run", "group", "seed", "canary_seed", "training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries",
     "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits", "utility_metric", "test_utility", "test_accuracy",
     "test_perplexity", "test_f1", "target_metric", "target_value", "target_reached", "target_at", "target_when", "target_value_reached",
-    "epsilon", "delta", "empirical_epsilon", "empirical_unit", "empirical_canaries", "assumptions", "flag",
+    "epsilon", "delta", "empirical_epsilon", "empirical_unit", "empirical_canaries", "assumptions", "flag", "not_covered",
 ]
 # comparison.csv columns (one row per run group: a run's seeds together; means and 95% intervals)
 COMPARISON_COLUMNS = [
@@ -73,7 +73,7 @@ COMPARISON_COLUMNS = [
     "rs_memorized", "rs_memorized_low", "rs_memorized_high", "bs_memorized", "bs_memorized_low", "bs_memorized_high",
     "exposure_mean_bits", "exposure_mean_low", "exposure_mean_high", "exposure_max_bits",
     "utility_metric", "test_utility", "test_utility_low", "test_utility_high", "test_accuracy", "test_perplexity",
-    "target", "epsilon", "delta", "empirical_epsilon", "assumptions", "flag",
+    "target", "epsilon", "delta", "empirical_epsilon", "assumptions", "flag", "not_covered",
 ]
 CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds", "comparable"]
 CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits"]
@@ -184,6 +184,29 @@ def run_flag(summary: Mapping[str, Any]) -> str:
     return "; ".join(flags)
 
 
+def not_covered(summary: Mapping[str, Any]) -> str:
+    """What a DP run released or logged that its epsilon does not cover ('' for a run without DP,
+    which covers nothing): a vocabulary learned from its training data without DP, filters that are
+    not 1-stable under an example-level guarantee (epsilon is about the filtered data), private
+    statistics logged on request (issue 30)."""
+    if not is_private(summary):
+        return ""
+    out = []
+    vocab = summary.get("vocabulary")
+    vocab = vocab if isinstance(vocab, Mapping) else None
+    if vocab is None and summary.get("task") in ("nwp", "ner"):  # a run from before vocabulary records: learned from its training users
+        out.append("vocabulary not private (learned from the training users without DP)")
+    elif vocab and not vocab.get("dp") and source_key(str(vocab.get("source"))) == source_key(str(summary.get("data_source"))):
+        out.append(f"vocabulary not private ({vocab.get('vocab_size')} entries learned from {vocab.get('users') or 'the training data'} without DP)")
+    if summary.get("privacy_unit") in ("example", "example (client-side)"):
+        filters = [f"data.{k} = {summary[k]}" for k in ("max_examples_per_user", "min_examples") if summary.get(k) is not None]
+        if filters:
+            out.append(f"ε is about the filtered data ({', '.join(filters)} is not 1-stable per example; the guarantee gives the raw-data figure)")
+    if summary.get("private_stats_logged"):
+        out.append("private statistics logged (--log-private-stats)")
+    return "; ".join(out)
+
+
 def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per finished run, in ``runs`` (experiment.json) order, with RUN_COLUMNS:
     memorized counts out of ``canaries``; exposure in bits; the headline utility (``test_utility``:
@@ -241,6 +264,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "empirical_canaries": (s.get("empirical") or {}).get("canaries"),
             "assumptions": assumptions,
             "flag": run_flag(s),
+            "not_covered": not_covered(s),
         })
     return rows
 
@@ -286,7 +310,7 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
     for name, rows in groups.items():
         first = rows[0]
         n = first.get("canaries")
-        row: dict[str, Any] = {k: first.get(k) for k in ("training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries", "utility_metric", "utility_label", "epsilon", "delta", "assumptions")}
+        row: dict[str, Any] = {k: first.get(k) for k in ("training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries", "utility_metric", "utility_label", "epsilon", "delta", "assumptions", "not_covered")}
         row.update(run=name, seeds=len(rows), runs=[r["run"] for r in rows])
         for key, col in (("rs_memorized", "rs_memorized"), ("bs_memorized", "bs_memorized"), ("exposure", "exposure_mean")):
             by_seed = _seeded(rows, canaries, key)
@@ -553,12 +577,17 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             estimate_text(r.get("exposure_mean"), ".3g"), _num(r.get("exposure_max_bits")),
             estimate_text(r.get("test_utility"), ".2f", 100.0), "—" if r.get("test_accuracy") is None else f"{100 * r['test_accuracy']:.2f}",
             _num(r.get("test_perplexity"), ".1f"), r.get("target") or "—", UNIT_TITLES.get(r.get("privacy_unit"), str(r.get("privacy_unit"))),
-            epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit")), r.get("flag") or "", r.get("assumptions") or "",
+            epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit")), "; ".join(f for f in (r.get("flag"), _uncovered_flag(r)) if f),
+            r.get("assumptions") or "",
         ])
         if empirical:
             e = r.get("empirical_epsilon")
             body[-1].insert(16, "—" if e is None else f"{e:.3g} per {r.get('empirical_unit')}")
     return markdown_table(header, body)
+
+
+def _uncovered_flag(row: Mapping[str, Any]) -> str:
+    return f"not covered by ε: {row['not_covered']}" if row.get("not_covered") else ""
 
 
 def contrast_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:

@@ -62,6 +62,12 @@ def run_summary(
     elif run.has(TOKENIZER):  # inherited with the tokenizer: what a released tokenizer carries
         out["vocabulary"] = run.record(TOKENIZER, "tokenizer file").get("vocabulary")
     out["privacy_unit"] = privacy_unit(c, kind)
+    if c.data.max_examples_per_user is not None:  # a bound on each user's examples (group privacy across units; a filter not 1-stable per example)
+        out["max_examples_per_user"] = c.data.max_examples_per_user
+    if c.data.min_examples > 1:  # a filter not 1-stable per example
+        out["min_examples"] = c.data.min_examples
+    if c.training.log_private_stats:  # the train rows hold statistics epsilon does not cover
+        out["private_stats_logged"] = True
     if kind == "central":
         out.update(algorithm="DP-SGD" if c.privacy else ("SGD on public data" if c.data.train_on == "public" else "SGD"), order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
         if c.privacy:

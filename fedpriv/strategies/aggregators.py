@@ -166,7 +166,8 @@ class GaussianNoise:
 class AdaptiveClipping:
     """``inner`` (a :class:`GaussianNoise`) with S adapted each round toward the
     ``target_quantile`` of the delta norms from a noised unclipped count (Andrew et al. 2021);
-    the count's noise is paid for by adding z_delta < z to the values (the total stays z)."""
+    the count's noise is paid for by adding z_delta = (z^-2 - (2 sigma_b)^-2)^(-1/2) > z to the values
+    (values and count together cost z)."""
 
     weighted = False
 
@@ -186,9 +187,11 @@ class AdaptiveClipping:
         info = mean.clip_info(acc, S)
         norms = acc.all_norms
         unclipped = int(np.sum(norms <= np.float32(S)))
-        average, state, _ = _adaptive_finish(acc.total, unclipped, len(norms), key, state, mean.denominator)
+        z_delta = float(state.value_noise_multiplier)  # the values get z_delta > z (values and count together cost z)
+        average, state, b_tilde = _adaptive_finish(acc.total, unclipped, len(norms), key, state, mean.denominator)
         info["next_clip_norm"] = float(state.clip_norm)
-        return average, state, {**info, "noise_stddev": self.inner.noise_multiplier * S / mean.denominator}
+        info["noised_unclipped_fraction"] = float(b_tilde)  # the DP release the clip update uses
+        return average, state, {**info, "noise_stddev": z_delta * S / mean.denominator}
 
 
 Aggregator = WeightedMean | ClippedMean | GaussianNoise | AdaptiveClipping

@@ -113,6 +113,8 @@ class ServerCore:
             return state, info
         if self.budget is not None:
             self.budget.record()
+        if self.fcfg.dp is not None or self.fcfg.client_dp is not None:  # public: what divergence checks read in a DP run
+            info = {**info, "noised_update_norm": float(optax.tree.norm(average))}
         params, opt = self._apply(state["params"], state["opt"], average)
         return {"params": params, "opt": opt, "clip": clip_state}, info
 

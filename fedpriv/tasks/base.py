@@ -110,6 +110,16 @@ class Task(ABC):
         return jnp.sum(self.losses(params, batch, rng, train) * mask) / jnp.maximum(jnp.sum(mask), 1.0)
 
 
+def save_vocabulary_record(task: Any, run_dir: Any) -> None:
+    """Write the task's ``vocabulary_record`` (where its word vocabulary came from, plain or DP,
+    with the DP histogram's guarantee) as the run's ``vocabulary.json``, if it has one."""
+    record = getattr(task, "vocabulary_record", None)
+    if record is not None:
+        from fedpriv.rundir import RunDir, VOCABULARY
+
+        RunDir(run_dir).write_json(VOCABULARY, record, indent=1)
+
+
 def pad_batch(batch: Batch, size: int) -> Batch:
     """Append masked zero rows so the batch has ``size`` rows (fixed shapes for jit)."""
     n = len(batch["mask"])

@@ -50,7 +50,7 @@ from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.models.crf import allowed_transitions, constrain, crf_log_likelihood, viterbi_decode
 from fedpriv.models.capture import apply_model
 from fedpriv.models.ner import BiLSTMTagger, case_class, char_ids
-from fedpriv.tasks.base import Batch, Params, Task
+from fedpriv.tasks.base import Batch, Params, Task, save_vocabulary_record
 from fedpriv.tasks.ner_metrics import chunk_tables, summarize_tagging, tagging_sums, whole_entity_prefix
 
 FORMAT = "fedpriv-ner-task"
@@ -81,6 +81,14 @@ class TokenVocab:
         counts: Counter = Counter()
         for tokens in sentences:
             counts.update(normalize_token(t) for t in tokens)
+        return cls.from_counts(counts, size, min_count)
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[str, float], size: int = 20_000, min_count: float = 1) -> "TokenVocab":
+        """The ``size`` most frequent words of a normalized word -> count mapping (plain or a DP
+        histogram's noisy counts) with count >= ``min_count`` (ties alphabetical)."""
+        if size < 1:
+            raise FedprivError(f"vocab_size must be >= 1, got {size}")
         ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
         return cls(w for w, c in ranked[:size] if c >= min_count)
 
@@ -151,20 +159,29 @@ class NERTask(Task):
         vocab_size: int = 20_000,
         min_count: int = 1,
         tags: Sequence[str] | None = None,
+        word_counts: Mapping[str, float] | None = None,
         **hyper,
     ) -> "NERTask":
-        """Build the vocabularies from training examples (see the module docstring)."""
+        """Build the vocabularies from training examples (see the module docstring); the words
+        from ``word_counts`` (normalized words, e.g. a DP histogram's) when given."""
         tagged = [e for e in examples if isinstance(e, TaggedExample)]
         if len(tagged) != len(examples):
             raise FedprivError("an NER task needs tagged examples (tokens and tags)")
         if not tagged:
             raise FedprivError("no training examples to build the NER vocabularies from")
-        vocab = TokenVocab.build((e.tokens for e in tagged), vocab_size, min_count)
+        if word_counts is None:
+            vocab = TokenVocab.build((e.tokens for e in tagged), vocab_size, min_count)
+        else:
+            vocab = TokenVocab.from_counts(word_counts, vocab_size, min_count)
         if tags is None:
             tags = ["O", *sorted({t for e in tagged for t in e.tags} - {"O"})]
         else:
             tags = ["O", *[t for t in tags if t != "O"]]
         return cls(vocab, tags, **hyper)
+
+    def save_assets(self, run_dir) -> None:
+        """``vocabulary.json``: where the word vocabulary came from (plain or a DP histogram)."""
+        save_vocabulary_record(self, run_dir)
 
     # ---- model ------------------------------------------------------------------------------
     def init_params(self, rng: jax.Array) -> Params:

@@ -23,7 +23,7 @@ from fedpriv.data.flat import FlatText
 from fedpriv.models.capture import apply_model
 from fedpriv.models.nwp import NWPLSTM, PRESETS, NWPConfig
 from fedpriv.rundir import WORD_VOCAB
-from fedpriv.tasks.base import Batch, Params, Task, prediction_histogram, top_share
+from fedpriv.tasks.base import Batch, Params, Task, prediction_histogram, save_vocabulary_record, top_share
 from fedpriv.vocab.word import WordVocab
 
 
@@ -42,6 +42,7 @@ class NWPTask(Task):
     def save_assets(self, run_dir) -> None:
         """The word vocabulary (``vocab.json``): the run's ids read back without the corpus."""
         self.vocab.save(Path(run_dir) / WORD_VOCAB)
+        save_vocabulary_record(self, run_dir)
 
     def init_params(self, rng: jax.Array) -> Params:
         return self.model.init(rng, jnp.zeros((1, self.seq_len), jnp.int32))["params"]

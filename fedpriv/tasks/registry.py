@@ -14,9 +14,13 @@ from fedpriv.tasks.plugins import plugin_class
 
 
 def check_task(cfg: ExperimentConfig) -> None:
-    """Refuse a plug-in task that cannot be imported, before any data is read."""
+    """Refuse a plug-in task that cannot be imported, or that is given [vocab] keys it does not
+    declare it reads (class attribute ``reads_vocab_config = True``), before any data is read."""
     if cfg.task.kind not in BUILTIN_TASKS:
-        plugin_class(cfg.task.kind)
+        cls = plugin_class(cfg.task.kind)
+        if cfg.vocab.custom and not getattr(cls, "reads_vocab_config", False):
+            raise ConfigError(f"vocab.dp / vocab.source / vocab.alphabet / vocab.public: task {cfg.task.kind!r} does not read them "
+                              "(a plug-in declares reads_vocab_config = True when its from_config does)")
 
 
 def _check_options(cls, options: dict, skip: set[str]) -> None:
@@ -39,14 +43,32 @@ def build_task(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
         if cfg.task.model not in PRESETS:
             raise ConfigError(f"task.model: unknown NWP preset {cfg.task.model!r}; choose one of {', '.join(PRESETS)}")
         _check_options(NWPTask, cfg.task.options, {"vocab", "seq_len", "model"})
-        vocab = WordVocab.from_counts(train.flat_text().word_counts(), cfg.vocab.size)  # the same counts as splitting every text
-        return NWPTask(vocab, cfg.vocab.seq_len, cfg.task.model, **cfg.task.options)
+        if cfg.vocab.dp is None:
+            vocab = WordVocab.from_counts(train.flat_text().word_counts(), cfg.vocab.size)  # the same counts as splitting every text
+            task = NWPTask(vocab, cfg.vocab.seq_len, cfg.task.model, **cfg.task.options)
+            task.vocabulary_record = word_vocabulary_record(cfg, len(vocab.words), None)
+            return task
+        counts, record = dp_word_histogram(cfg, (ex.words() for ex in train.records()))
+        vocab = WordVocab.from_counts(counts, cfg.vocab.size)
+        task = NWPTask(vocab, cfg.vocab.seq_len, cfg.task.model, **cfg.task.options)
+        task.vocabulary_record = {**record, "vocab_size": len(vocab.words)}
+        return task
     if kind == "ner":
-        from fedpriv.tasks.ner import NERTask
+        from fedpriv.tasks.ner import NERTask, normalize_token
 
         if train.kind != "tagged":
             raise ConfigError(f"task.kind = 'ner' needs tagged examples; {train.name} has {train.kind} ones")
-        return NERTask.from_examples(list(train.records()), **cfg.task.options)
+        records = list(train.records())
+        if cfg.vocab.dp is None:
+            task = NERTask.from_examples(records, **cfg.task.options)
+            task.vocabulary_record = word_vocabulary_record(cfg, len(task.vocab.words), None)
+            return task
+        if "word_counts" in cfg.task.options:
+            raise ConfigError("task.options: unknown key(s) word_counts for task 'ner'")
+        counts, record = dp_word_histogram(cfg, ([normalize_token(t) for t in ex.words()] for ex in records))
+        task = NERTask.from_examples(records, word_counts=counts, **cfg.task.options)
+        task.vocabulary_record = {**record, "vocab_size": len(task.vocab.words)}
+        return task
     if kind in ("mlm", "bert-ner"):
         return _build_bert(cfg, train)
     cls = plugin_class(kind)
@@ -54,6 +76,42 @@ def build_task(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
     if not isinstance(task, Task):
         raise ConfigError(f"task.kind = {kind!r}: {cls.__name__}.from_config returned a {type(task).__name__}, not a Task")
     return task
+
+
+def word_vocabulary_record(cfg: ExperimentConfig, size: int, dp: dict | None) -> dict:
+    """Where a word vocabulary (nwp, ner) came from: the training users, plain (``dp`` None) or a DP histogram."""
+    return {"source": cfg.data.source, "users": "training users", "kind": "word", "dp": dp, "vocab_size": size}
+
+
+def dp_word_histogram(cfg: ExperimentConfig, sequences) -> tuple[dict[str, float], dict]:
+    """(noisy word counts, vocabulary record) of ``vocab.dp``'s histogram over ``sequences`` (one
+    word list per training example), noise seeded by the experiment seed as for BERT's DP
+    vocabulary. The record carries the histogram's parameters and guarantee (its own unit: a
+    tuple or an example, add or remove one) and the longest example in words, which decides
+    whether the chain report may compose it with example-level DP-SGD."""
+    from fedpriv.vocab.dp_histogram import dp_histogram
+
+    v = cfg.vocab
+    longest, n = 0, 0
+
+    def counted():
+        nonlocal longest, n
+        for words in sequences:
+            longest, n = max(longest, len(words)), n + 1
+            yield words
+
+    try:
+        hist = dp_histogram(counted(), v.dp, seed=cfg.seed, sigma=v.sigma, epsilon=v.epsilon, delta=v.delta, tuple_size=v.tuple_size, partition=v.partition)
+    except FedprivError as e:
+        raise ConfigError(f"vocab: {e}") from None
+    if hist.words_kept == 0:
+        raise ConfigError(
+            f"vocab.dp: the DP histogram kept no word: all {hist.words_before:,} words fell below the threshold C = {hist.threshold:.6g} "
+            f"({hist.units:,} {hist.params.unit}s); use less noise (larger epsilon or delta), a smaller tuple size, or more training users"
+        )
+    record = word_vocabulary_record(cfg, hist.words_kept, hist.to_dict())
+    record.update(examples=n, longest_example_words=longest, guarantee=hist.guarantee)
+    return hist.counts, record
 
 
 def learn_tokenizer(train: FederatedCorpus, size: int, lowercase: bool):

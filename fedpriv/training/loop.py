@@ -27,8 +27,8 @@ run. ``stop_after`` imitates such a kill (a checkpoint and nothing else), for te
 
 What the loop refuses: resuming with another config than ``config.json`` records (naming the
 changed keys; :data:`RESUMABLE_CHANGES` may change), and a run marked failed. A step whose train
-loss is not finite, or parameters that are not finite when they would be checkpointed, evaluated
-or written, stop the run with :class:`~fedpriv.errors.TrainingDiverged`: ``failed.json`` records
+loss (a DP step: its noised update's norm, never its unnoised loss) is not finite, or parameters
+that are not finite when they would be checkpointed, evaluated or written, stop the run with :class:`~fedpriv.errors.TrainingDiverged`: ``failed.json`` records
 why, the last checkpoint (all finite) stays, and no final parameters are written.
 """
 
@@ -107,6 +107,11 @@ def evaluate(task: Task, params: Params, arrays: Batch, batch_size: int, sums_fn
         idx = np.arange(start, min(start + batch_size, n))
         add_sums(total, fn(params, gather(arrays, idx, batch_size)))
     return task.summarize(total)
+
+
+#: The step statistic a divergence check reads: a DP step's noised update norm (public) when it
+#: reports one, else the train loss (non-private runs).
+DIVERGENCE_KEYS = {"loss": "train loss", "noised_update_norm": "noised update's norm"}
 
 
 class Stepper:
@@ -274,10 +279,10 @@ def run_loop(
     t0 = time.perf_counter()
 
     def check_finite(what: str, value: Any = None) -> None:
-        if what == "loss":
+        if what in DIVERGENCE_KEYS:
             if not isinstance(value, (float, np.floating)) or math.isfinite(value):
                 return
-            problem = f"the train loss is {value}"
+            problem = f"the {DIVERGENCE_KEYS[what]} is {value}"
         elif bool(all_finite(state_params(state))):
             return
         else:
@@ -295,7 +300,8 @@ def run_loop(
                 break
             state, info = stepper.step(state, index)
             done = index + 1
-            check_finite("loss", info.get("loss"))
+            what = "noised_update_norm" if "noised_update_norm" in info else "loss"  # a DP step: never its unnoised loss
+            check_finite(what, info.get(what))
             pending.append(info)
             stopped = stepper.stop_reason(done)
             halt = stop_after is not None and done >= stop_after and done < stepper.total

@@ -221,8 +221,9 @@ def test_noise_std_is_sigma_C_over_B(nwp):
         params = task.init_params(jax.random.key(0))
         state = stepper.init_state(params)
         zeros = jax.tree.map(jnp.zeros_like, params)
-        after = stepper._apply(state, zeros, jax.random.key(5))
+        after, noised_norm = stepper._apply(state, zeros, jax.random.key(5))
         delta = flat(after["params"]) - flat(params)
+        assert float(noised_norm) == pytest.approx(np.linalg.norm(delta), rel=1e-3)  # the public norm a DP row logs: the noised update's
         expected = sigma * C * math.sqrt(draws) / B
         # ~90k coordinates: the sample std is within 1% of the truth (standard error ~0.25%).
         assert np.std(delta) == pytest.approx(expected, rel=0.01)

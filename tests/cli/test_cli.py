@@ -192,3 +192,20 @@ def test_run_only_names_existing_runs(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "--only sgd-iid,nope: no run named 'nope'; the runs are sgd-iid, sgd-noniid" in err  # a group names every seed of a run
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.slow
+def test_log_private_stats_flag_logs_the_unnoised_loss_and_says_so(tmp_path, capsys):
+    cfg = tmp_path / "dp.toml"
+    cfg.write_text('name = "dp"\n[data]\nsource = "shakespeare"\nmax_examples_per_user = 4\n[vocab]\nsize = 100\nseq_len = 8\n[task]\nkind = "nwp"\nmodel = "tiny"\n'
+                   '[training]\nbatch_size = 32\nsteps = 2\neval_every = 2\ncheckpoint_every = 2\n'
+                   '[privacy]\nclip_norm = 1.0\nnoise_multiplier = 1.0\ndelta = 1e-5\n')
+    rows = {}
+    for flag, out in (([], "quiet"), (["--log-private-stats"], "logged")):
+        assert main(["train", "central", str(cfg), "--out", str(tmp_path / out), "--json", *flag]) == 0
+        summary = json.loads(capsys.readouterr().out)
+        rows[out] = [json.loads(line) for line in (tmp_path / out / "metrics.jsonl").read_text().splitlines() if '"train"' in line][-1]
+        assert ("private statistics logged" in summary["guarantee"]) == bool(flag)
+        assert "data.max_examples_per_user = 4" in summary["guarantee"]  # epsilon is about the filtered data (example level)
+    assert "loss" not in rows["quiet"] and rows["quiet"]["noised_update_norm"] > 0
+    assert rows["logged"]["loss"] > 0 and rows["logged"]["epsilon"] == rows["quiet"]["epsilon"]

@@ -188,9 +188,23 @@ def test_dp_run_reports_epsilon_with_its_guarantee_every_round(tmp_path):
     assert eps == sorted(eps) and eps[0] > 0
     assert all("user-level" in r["guarantee"] and "without replacement" in r["guarantee"] for r in rows)
     assert all(r["clients"] == 6 and r["clip_norm"] == pytest.approx(0.3) for r in rows)
+    # only noised or public statistics (issue 30): no unnoised loss, example counts, delta norms, exact unclipped fraction
+    private = ("loss", "local_steps", "examples", "mean_delta_norm", "unclipped_fraction")
+    assert all(not set(private) & set(r) and r["noised_update_norm"] > 0 for r in rows)
+    assert all("the vocabulary of the 300 most frequent training words is not private" in r["guarantee"] for r in rows)
     setup = FederatedSetup(prepare(load_config(write_config(tmp_path, extra=DP))))
     line = RoundStepper(setup, VectorizedEngine(setup)).describe(3, rows[-1], [], 1.0, 3)
     assert f"epsilon {rows[-1]['epsilon']:.3g} (delta 0.001; user-level, replace-one, 6 of 261 without replacement)" in line
+
+
+def test_log_private_stats_puts_them_back_and_says_so(tmp_path):
+    p = write_config(tmp_path, extra=DP)
+    p.write_text(p.read_text().replace("eval_batch_size = 256", "eval_batch_size = 256\nlog_private_stats = true"))
+    setup = FederatedSetup(prepare(load_config(p)))
+    row = setup.round_info(6.0, 3, 40, {"clients": 5, "mean_delta_norm": 0.2, "unclipped_fraction": 0.5, "clip_norm": 0.3})
+    assert (row["loss"], row["examples"], row["clients"], row["unclipped_fraction"]) == (2.0, 40, 5, 0.5)
+    setup.core.budget.record()
+    assert "private statistics logged (--log-private-stats)" in setup.privacy_report(1)["guarantee"]
 
 
 def test_federated_run_needs_a_federated_section(tmp_path):

@@ -70,7 +70,7 @@ def _summaries(vocab=None, eps=1.0, sampling="poisson"):
     return {
         "pub": {"name": "pub", "kind": "central", "task": "mlm", "data_source": "shakespeare", "vocabulary": vocab or _vocab_record()},
         "dp": {"name": "dp", "kind": "central", "task": "mlm", "data_source": NCBI, "starts_from": {"pretrained": "pub"},
-               "epsilon": eps, "delta": 1e-6, "sampling": sampling, "guarantee": "dp-sgd"},
+               "epsilon": eps, "delta": 1e-6, "sampling": sampling, "guarantee": "dp-sgd", "privacy_unit": "example"},
         "ner": {"name": "ner", "kind": "central", "task": "bert-ner", "data_source": "tests/data/wnut17/wnut17train.conll", "starts_from": {"pretrained": "dp"}},
     }
 
@@ -316,7 +316,7 @@ def _seeded_chain():
         put("public", task="mlm", data_source="shakespeare", vocabulary={"source": "shakespeare", "dp": None, "vocab_size": 4000}, eval_accuracy=acc_pub)
         put("dp-vocab", task="mlm", data_source="shakespeare", vocabulary={**_vocab_record(), "vocab_size": 159})
         put("dp", task="mlm", data_source=NCBI, starts_from={"pretrained": f"dp-vocab-s{seed}"}, epsilon=1.0, delta=1e-6, sampling="poisson",
-            guarantee="dp-sgd", eval_source="tests/data/ncbi-disease/devel.tsv", eval_accuracy=acc_dp)
+            guarantee="dp-sgd", privacy_unit="example", eval_source="tests/data/ncbi-disease/devel.tsv", eval_accuracy=acc_dp)
         put("ner-public", task="bert-ner", data_source=NCBI, eval_source="tests/data/ncbi-disease/test.tsv", starts_from={"pretrained": f"public-s{seed}"},
             eval_f1=f_pub, pieces_per_word=2.0)
         put("ner-dp", task="bert-ner", data_source=NCBI, eval_source="tests/data/ncbi-disease/test.tsv", starts_from={"pretrained": f"dp-s{seed}"},

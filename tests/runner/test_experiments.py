@@ -351,7 +351,9 @@ def test_a_ner_grid_over_n_clients_reports_entity_f1(tmp_path):
     md = (write_report(store) / "comparison.md").read_text()
     assert "test entity F1 (%)" in md and "| dp-fedavg |" in md
     client_row = next(line for line in md.splitlines() if line.startswith("| fedavg-client-dp |"))
-    assert "record-level" in client_row and "not private" not in client_row
+    cells = [c.strip() for c in client_row.split("|")]
+    assert "record-level" in client_row and "not private" not in cells and "∞" not in cells  # a private row (its unit and epsilon)
+    assert "not covered by ε: vocabulary not private" in client_row  # its word vocabulary is not (issue 30)
 
 
 def test_only_selects_runs_in_experiment_order_with_what_they_start_from():

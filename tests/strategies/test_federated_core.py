@@ -207,6 +207,25 @@ def test_adaptive_clipping_matches_the_shared_adaptive_code():
     assert info["next_clip_norm"] == pytest.approx(float(want_state.clip_norm), rel=1e-6)
 
 
+def test_adaptive_clipping_reports_the_noise_it_adds_z_delta_S_over_m():
+    # The values get z_delta > z (values and count together cost z): the info must say z_delta*S/m,
+    # the std measured on a pure-noise update (400,000 coordinates: 1% is > 9 standard errors),
+    # and the row holds the noised unclipped fraction (the DP release), not the exact one.
+    from fedpriv.privacy.adaptive_clip import value_noise_multiplier
+
+    z, S, m, sigma_b = 1.3, 0.5, 8, 2.0
+    core = dp_core(z, S, m, adaptive_clip=True, clip_count_stddev=sigma_b)
+    state = core.init_state(zeros_params((400, 1000)))
+    acc = core.accumulator(state)
+    acc.add(stack([zeros_params((400, 1000))] * m), np.ones(m))
+    new, info = core.finish_round(state, 1, acc)
+    z_delta = value_noise_multiplier(z, sigma_b)
+    assert z_delta > z * 1.05 and info["noise_stddev"] == pytest.approx(z_delta * S / m)
+    assert abs(np.asarray(new["params"]["w0"]).std() / (z_delta * S / m) - 1) < 0.01
+    assert info["noised_unclipped_fraction"] != info["unclipped_fraction"] == 1.0
+    assert info["noised_update_norm"] > 0  # public: what a DP run's divergence check reads
+
+
 # ---- accounting ----------------------------------------------------------------------------------
 def run_zero_rounds(core: ServerCore, rounds: int) -> None:
     state = core.init_state(zeros_params((2,)))

@@ -178,3 +178,27 @@ def test_a_target_on_a_split_the_run_does_not_evaluate_is_refused(tmp_path):
 
     with pytest.raises(FedprivError, match="utility target on 'validation'"):
         run_loop(AddStepper(3, 1, 1, 1), CountTask(), RunDir(tmp_path), 0, {}, EVAL, 8, target=Target("validation", "w", 1.0))
+
+
+class NoisedStepper(AddStepper):
+    """A DP-like stepper: each step reports its noised update's norm; step ``at`` (1-based) makes
+    it ``bad_norm``, and every step reports an unnoised loss ``loss``."""
+
+    def __init__(self, at: int, bad_norm: float, loss: float):
+        super().__init__(6, 1, 100, 2)
+        self.at, self.bad_norm, self.loss = at, bad_norm, loss
+
+    def step(self, state, index):
+        state, _ = super().step(state, index)
+        return state, {"noised_update_norm": self.bad_norm if index + 1 == self.at else 1.0, "loss": self.loss}
+
+    def train_row(self, done: int, infos: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"noised_update_norm": infos[-1]["noised_update_norm"]}
+
+
+def test_a_dp_step_diverges_on_its_noised_update_never_on_its_unnoised_loss(tmp_path):
+    with pytest.raises(TrainingDiverged, match="training diverged at step 4 of 6: the noised update's norm is nan"):
+        run_loop(NoisedStepper(4, float("nan"), 0.5), CountTask(), RunDir(tmp_path / "a"), 0, {}, None, 8)
+    # an unnoised loss (logged with --log-private-stats) that is not finite does not decide the stop
+    res = run_loop(NoisedStepper(4, 1.0, float("nan")), CountTask(), RunDir(tmp_path / "b"), 0, {}, None, 8)
+    assert [r["step"] for r in res.history if r["split"] == "train"][-1] == 6

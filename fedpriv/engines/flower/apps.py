@@ -115,10 +115,12 @@ class ClientRuntime:
         self.cohort = CohortUpdate(self.setup)
 
     def train(self, msg: Message) -> Message:
-        """The deltas of the message's users (``config["users"]``), stacked in that order; or,
-        when the server asks for a sum (``config["sum"]``), their sum accumulated as the server
-        would (clipped to ``config["clip"]``, or weighted by example count for fedavg) and each
-        user's unclipped delta norm (metric ``delta-norms``)."""
+        """The deltas of the message's users (``config["users"]``), stacked in that order, with
+        their aggregation weights (metric ``weights``: example counts, or 1 each in a DP run, which
+        sends no example count and, unless ``training.log_private_stats``, no loss or step count);
+        or, when the server asks for a sum (``config["sum"]``), their sum accumulated as the server
+        would (clipped to ``config["clip"]``, or weighted for fedavg) and each user's unclipped
+        delta norm (metric ``delta-norms``)."""
         s = self.setup
         cfg = msg.content[CONFIG]
         users, round_ = np.asarray(cfg["users"], np.int64), int(cfg["round"])
@@ -126,11 +128,13 @@ class ClientRuntime:
         # Width fixed by the config (the last group of a round is padded), so one program serves all.
         width = max(s.fcfg.flower.users_per_message, len(users))
         deltas, mask, loss_sum, steps = self.cohort.deltas(params, users, round_, width)
-        counts = [int(s.data.counts[u]) for u in users]
-        metrics = {"users": users.tolist(), "num-examples": counts, "loss-sum": loss_sum, "local-steps": steps}
+        weights = [int(w) for w in s.weights(users)]  # example counts; 1 each in a DP run (the server must not learn n_u)
+        metrics = {"users": users.tolist(), "weights": weights}
+        if not s.private or s.config.training.log_private_stats:
+            metrics.update({"loss-sum": loss_sum, "local-steps": steps})
         if bool(cfg.get("sum", False)):
             acc = s.core.make_accumulator(self.template, float(cfg["clip"]))
-            acc.add(deltas, np.pad(np.asarray(counts, np.float32), (0, width - len(users))), mask)
+            acc.add(deltas, np.pad(np.asarray(weights, np.float32), (0, width - len(users))), mask)
             arrays, metrics["delta-norms"] = acc.total, acc.all_norms.tolist()
         else:
             arrays = jax.tree_util.tree_map(lambda d: d[: len(users)], deltas)

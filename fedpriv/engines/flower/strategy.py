@@ -7,7 +7,8 @@ into consecutive groups of ``federated.flower.users_per_message`` users and send
 (``config["users"]``, ``config["round"]``) to the connected SuperNodes in turn; any node can train
 any user (in simulation every ClientApp loads the same corpus). Each user is still trained alone
 from the global model and returns its own delta: a group only shares a message (the reply holds
-the group's deltas stacked, with per-user example counts). ``aggregate_train`` checks every reply
+the group's deltas stacked, with per-user aggregation weights: example counts, or 1 each in a DP
+run, whose replies carry no example count). ``aggregate_train`` checks every reply
 (:func:`check_reply_users`), then feeds the replies, in user order, into the same
 :class:`~fedpriv.strategies.server.ServerCore` the vectorized engine uses, applies the server
 optimizer and returns the new global model.
@@ -40,7 +41,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricReco
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
-from fedpriv.engines.setup import FederatedSetup, client_loss_info
+from fedpriv.engines.setup import FederatedSetup
 from fedpriv.errors import FedprivError
 from fedpriv.privacy.aggregate import global_norms
 from fedpriv.strategies.server import STRATEGY_LABELS
@@ -80,7 +81,7 @@ def check_reply_users(server_round: int, users: list[int], deltas: int, cohort: 
     clipped delta, which the sensitivity of DP-FedAvg's sum rests on. Adds the users to ``seen``."""
     bad = [u for u in users if u not in cohort]
     if not users or deltas != len(users) or len(set(users)) != len(users):
-        raise FedprivError(f"round {server_round}: a reply holds {deltas} example counts for users {users}; one per distinct user expected")
+        raise FedprivError(f"round {server_round}: a reply holds {deltas} weights for users {users}; one per distinct user expected")
     if bad:
         raise FedprivError(f"round {server_round}: a reply names users {bad} that were not sampled this round")
     again = seen.intersection(users)
@@ -153,7 +154,7 @@ class FedprivStrategy(Strategy):
             self.log(f"round {server_round}: {failed} of {sent} client updates failed or timed out and are left out")
         seen: set[int] = set()
         for m in good:  # every reply's users checked before any is added (a summed reply's length when decoded; a refusal ends the round before anything is applied)
-            check_reply_users(server_round, list(m.content[METRICS]["users"]), len(m.content[METRICS]["num-examples"]), self._cohort, seen)
+            check_reply_users(server_round, list(m.content[METRICS]["users"]), len(m.content[METRICS]["weights"]), self._cohort, seen)
         good.sort(key=lambda m: int(m.content[METRICS]["users"][0]))
         acc = self.core.accumulator(self.state)
         template = self.state["params"]
@@ -162,7 +163,7 @@ class FedprivStrategy(Strategy):
         loss_sum, steps, examples = 0.0, 0, 0
         for m in good:  # in user order; each reply's deltas arrive stacked (users, ...), or summed
             metrics = m.content[METRICS]
-            counts = np.asarray(metrics["num-examples"], np.int64)
+            counts = np.asarray(metrics["weights"], np.int64)
             if self.setup.fcfg.flower.sum_on_client:
                 partial = record_to_arrays(m.content[ARRAYS], template)
                 norms = list(metrics.get("delta-norms", []))
@@ -171,11 +172,11 @@ class FedprivStrategy(Strategy):
                 acc.add_sum(partial, counts, norms)
             else:
                 acc.add(record_to_arrays(m.content[ARRAYS], template, len(counts)), counts)
-            loss_sum += float(metrics["loss-sum"])
-            steps += int(metrics["local-steps"])
-            examples += int(counts.sum())
+            loss_sum += float(metrics.get("loss-sum", 0.0))  # absent from a DP run's replies (round_info drops them)
+            steps += int(metrics.get("local-steps", 0))
+            examples += int(self.setup.data.counts[np.asarray(metrics["users"], np.int64)].sum())
         self.state, info = self.core.finish_round(self.state, server_round, acc)
-        self.last_info = {**client_loss_info(loss_sum, steps, examples), **info, "failed": failed}
+        self.last_info = {**self.setup.round_info(loss_sum, steps, examples, info), "failed": failed}
         metrics = {k: float(v) for k, v in self.last_info.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         return params_to_record(self.state["params"]), MetricRecord(metrics)
 

@@ -1,0 +1,96 @@
+"""What a run's epsilon does not cover, said next to it (issue 30: no silent non-private stage).
+
+A DP run's guarantee covers the noisy steps or rounds of its mechanism on the *prepared* training
+data. Three things around it are stated in the guarantee string of every train row:
+
+* **the vocabulary** (:func:`vocabulary_note`): learned from the training users' raw word counts
+  it is not private ("the vocabulary of the N most frequent training words is not private"); from
+  a DP histogram (``[vocab] dp``) it is a separate DP stage, with its own unit, never added here;
+* **filters before DP** (:func:`filter_group`): ``data.min_examples > 1`` and
+  ``data.max_examples_per_user`` (each user's first N examples in source order) are not 1-stable
+  at example level. Adding or removing one raw example changes up to k training examples: k = 2
+  for the cap (an example early in a user's list pushes the N-th out), k = min(m, N) for a minimum
+  of m (a user crossing the threshold brings or takes all its kept examples). The epsilon printed
+  is with respect to the filtered dataset; on the raw data the example-level guarantee is the
+  group guarantee over k examples (:func:`fedpriv.privacy.group.group_privacy`), with its numbers.
+  Both filters act per user, so a user-level guarantee is unaffected (k = 1);
+* **private statistics** logged on request (``--log-private-stats``): they are outside epsilon.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from fedpriv.config import DataConfig, ExperimentConfig
+from fedpriv.privacy.group import group_privacy
+
+#: The statement a run that logs private statistics carries (``training.log_private_stats``).
+PRIVATE_STATS_WARNING = ("private statistics logged (--log-private-stats): the train rows hold the realized batch or cohort size, example "
+                         "counts, delta norms and the unnoised loss, which epsilon does not cover; do not publish metrics.jsonl")
+
+
+def vocabulary_note(record: dict[str, Any] | None, cfg: ExperimentConfig) -> str | None:
+    """What the guarantee says of the run's vocabulary (``task.vocabulary_record``), or None when
+    it was not learned from this run's private data (or the task keeps no record)."""
+    if not record:
+        return None
+    if str(record.get("source")) != str(cfg.data.source):
+        return None  # another source: its own stage (the chain report states it)
+    n = record.get("vocab_size")
+    dp = record.get("dp")
+    if dp:
+        unit = dp.get("unit", "unit")
+        return (f"the vocabulary is a separate DP stage, not included in this epsilon: ({dp.get('epsilon', float('nan')):.4g}, "
+                f"{dp.get('delta', float('nan')):.3g})-DP per {unit} added or removed ({dp.get('mechanism')} histogram, vocab.dp)")
+    if record.get("kind") == "word":
+        tags = " (and the tag set)" if cfg.task.kind == "ner" else ""
+        return f"the vocabulary of the {n} most frequent training words{tags} is not private (raw counts of the training users; vocab.dp makes it a DP stage)"
+    return f"the vocabulary ({n} tokens, learned from the raw word counts of {record.get('users', 'the training users')}) is not private"
+
+
+def filter_group(data: DataConfig) -> tuple[int, str]:
+    """(k, why): raw examples added or removed -> at most k training examples changed by the
+    data filters (see the module docstring); (1, '') when they are 1-stable."""
+    k, why = 1, []
+    cap = data.max_examples_per_user
+    if cap is not None:
+        k = max(k, 2)
+        why.append(f"data.max_examples_per_user = {cap} keeps each user's first {cap} examples in source order (one added example can push another out: 2)")
+    if data.min_examples > 1:
+        m = data.min_examples if cap is None else min(data.min_examples, cap)
+        k = max(k, m)
+        why.append(f"data.min_examples = {data.min_examples} drops users with fewer examples (one example can bring in or drop a user's {m})")
+    return k, "; ".join(why)
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """The statements appended to a guarantee: ``notes`` (words) and, for an example-level
+    guarantee, the filters' group size ``k`` with its reason (numbers computed per epsilon)."""
+
+    notes: tuple[str, ...] = ()
+    group_size: int = 1
+    group_why: str = ""
+
+    def statement(self, epsilon: float | None, delta: float | None) -> str:
+        """The text after the guarantee ('' when there is nothing to add)."""
+        parts = list(self.notes)
+        if self.group_size > 1:
+            text = f"epsilon is with respect to the filtered training data: {self.group_why}"
+            if epsilon is not None and delta is not None:
+                ek, dk = group_privacy(epsilon, delta, self.group_size)
+                text += (f"; on the raw data, adding or removing one example changes up to {self.group_size} training examples, so by group "
+                         f"privacy (Vadhan 2017, Lemma 2.2) epsilon = {ek:.4g} at delta = {dk:.3g}")
+            parts.append(text)
+        return "; ".join(parts)
+
+
+def coverage(cfg: ExperimentConfig, task: Any, unit: str, log_private_stats: bool = False) -> Coverage:
+    """What the guarantee of ``unit`` (``example`` or ``user``) of a run of ``cfg`` with ``task``
+    must add (see the module docstring)."""
+    notes = [n for n in (vocabulary_note(getattr(task, "vocabulary_record", None), cfg),) if n]
+    if log_private_stats:
+        notes.append(PRIVATE_STATS_WARNING)
+    k, why = filter_group(cfg.data) if unit == "example" else (1, "")
+    return Coverage(tuple(notes), k, why)

@@ -1,0 +1,63 @@
+"""Filters before DP (issue 30, point 6): the group size the guarantee accounts for is what the
+filters actually do to one added or removed example, and the guarantee states it in numbers."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+
+from fedpriv.config import DataConfig
+from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.data.examples import TextExample
+from fedpriv.privacy.accounting import GaussianSteps
+from fedpriv.privacy.budget import DPBudget
+from fedpriv.training.coverage import Coverage, filter_group
+
+
+def _filtered(users: dict[str, list[str]], data: DataConfig) -> Counter:
+    """The multiset of (user, text) training records after the data filters, as prepare applies them."""
+    corpus = FederatedCorpus.from_dict({u: [TextExample(t) for t in texts] for u, texts in users.items()})
+    if data.min_examples > 1:
+        corpus = corpus.with_min_examples(data.min_examples)
+    if data.max_examples_per_user is not None:
+        corpus = corpus.truncated(data.max_examples_per_user)
+    return Counter((u, ex.text) for u, exs in corpus.users() for ex in exs)
+
+
+def _changed(a: Counter, b: Counter) -> int:
+    return sum(((a - b) + (b - a)).values())
+
+
+@pytest.mark.parametrize("data", [DataConfig(max_examples_per_user=3), DataConfig(min_examples=4), DataConfig(min_examples=4, max_examples_per_user=3),
+                                  DataConfig(min_examples=2, max_examples_per_user=5), DataConfig()])
+def test_one_added_example_changes_at_most_k_filtered_examples_and_k_is_reached(data):
+    users = {"a": [f"a{i}" for i in range(6)], "b": ["b0", "b1", "b2"], "c": ["c0"], "d": [f"d{i}" for i in range(4)]}
+    base = _filtered(users, data)
+    worst = 0
+    for u in users:  # add one example at every position of every user's list, and to a new user
+        for pos in range(len(users[u]) + 1):
+            grown = {**users, u: users[u][:pos] + ["new"] + users[u][pos:]}
+            worst = max(worst, _changed(base, _filtered(grown, data)))
+        for pos in range(len(users[u])):  # and remove each one
+            shrunk = {**users, u: users[u][:pos] + users[u][pos + 1:]}
+            worst = max(worst, _changed(base, _filtered({k: v for k, v in shrunk.items() if v}, data)))
+    k, why = filter_group(data)
+    assert worst == k  # the bound holds and is tight on this corpus
+    assert (k == 1) == (why == "")
+
+
+def test_the_guarantee_states_the_filtered_data_and_the_raw_data_figure():
+    data = DataConfig(max_examples_per_user=8)  # experiments/empirical-privacy.toml
+    k, why = filter_group(data)
+    budget = DPBudget(GaussianSteps("poisson", 1.0, 2000, 64.0, 800), 1.0, None, 1e-5)
+    budget.coverage = Coverage((), k, why)
+    for _ in range(3):
+        budget.record()
+    rep = budget.report()
+    eps, delta = rep["epsilon"], rep["delta"]
+    g = rep["guarantee"]
+    assert "epsilon is with respect to the filtered training data: data.max_examples_per_user = 8 keeps each user's first 8" in g
+    assert f"epsilon = {2 * eps:.4g} at delta = {delta * (1 + math.exp(eps)):.3g}" in g  # group of 2: (2 eps, (1 + e^eps) delta)
+    assert Coverage((), 1, "").statement(eps, delta) == ""
