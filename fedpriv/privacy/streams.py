@@ -74,6 +74,7 @@ NUMPY_STREAMS: dict[str, int] = {
     "cohort sampling (strategies/sampling.py)": 0x5A3B1E,
     "user-level DP-SGD batches (central/users.py)": 0x05E5,
     "client batch order (clients/data.py)": 0x5EED_C11E,
+    "client-side DP-SGD step plans (clients/privacy.py)": 0x5EED_D95D,
     "canary planting (memorization/canaries.py)": 0xCA7A,
     "audit canaries (memorization/empirical.py)": 0xE4B1,
     "random sampling test (memorization/random_sampling.py)": 0x5A3D,
