@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from collections import Counter
 
 import numpy as np
@@ -86,7 +85,6 @@ def test_user_alone_equals_user_after_others():
 
 
 def test_stackoverflow_preset_is_lazy():
-    t0 = time.perf_counter()
     store = SyntheticStore(PRESETS["stackoverflow"])
     calls = []
     real = store.generate
@@ -95,11 +93,9 @@ def test_stackoverflow_preset_is_lazy():
     assert corpus.num_users == 342_477 and corpus.num_examples == 135_818_730
     sample = corpus.sample_users(3, seed=0)
     got = dict(sample.users())
-    elapsed = time.perf_counter() - t0
     assert len(got) == 3
     assert sorted(calls) == sorted(store.index_of(u) for u in got)  # no other user was generated
-    assert store.generated == 3
-    assert elapsed < 5.0, f"building the preset and reading 3 users took {elapsed:.1f} s"
+    assert store.generated == 3  # laziness by count, not by wall time (timing never goes into a unit test)
 
 
 def test_unknown_user():
