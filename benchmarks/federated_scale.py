@@ -95,7 +95,7 @@ def build_population(name: str, max_examples: int, seed: int = 0) -> tuple[np.nd
     return counts, arrays, info
 
 
-def make_setup(counts: np.ndarray, arrays: dict, model: str, strategy: str, cohort: int, chunk: int | str, seed: int = 0):
+def make_setup(counts: np.ndarray, arrays: dict, model: str, strategy: str, cohort: int, chunk: int | str, seed: int = 0, devices: int | None = None):
     """A FederatedSetup of the NWP experiment over a built population."""
     from fedpriv.config import validate_config
     from fedpriv.engines.setup import FederatedSetup
@@ -104,7 +104,7 @@ def make_setup(counts: np.ndarray, arrays: dict, model: str, strategy: str, coho
     from fedpriv.vocab.word import WordVocab
 
     fed = {"rounds": 1000, "clients_per_round": cohort, "local_epochs": 1, "local_batch_size": 16, "client_learning_rate": 0.3,
-           "chunk_size": chunk, "strategy": strategy, "eval_every": 1000}
+           "chunk_size": chunk, "strategy": strategy, "eval_every": 1000, "devices": devices}
     if strategy == "dp-fedavg":
         fed.update(clip_norm=1.0, dp={"noise_multiplier": 1.0, "delta": 1e-6})
     cfg = validate_config({"name": "scale", "seed": seed, "data": {"source": "synthetic:small"}, "vocab": {"size": VOCAB, "seq_len": SEQ_LEN},
@@ -178,7 +178,7 @@ def one_population(args: argparse.Namespace, name: str) -> dict:
     for m in (int(c) for c in args.cohorts.split(",")):
         if m > len(counts):
             continue
-        setup = make_setup(counts, arrays, args.model, args.strategy, m, chunk)
+        setup = make_setup(counts, arrays, args.model, args.strategy, m, chunk, devices=args.devices)
         engine = VectorizedEngine(setup)
         state = setup.core.init_state(setup.initial_params())
         f = setup.fcfg
@@ -260,6 +260,7 @@ def main() -> None:
     ap.add_argument("--strategy", choices=["fedavg", "dp-fedavg"], default="fedavg")
     ap.add_argument("--max-examples", type=int, default=32, help="cap on examples per user")
     ap.add_argument("--chunk-size", default="64", help="federated.chunk_size: a count or auto")
+    ap.add_argument("--devices", type=int, default=None, help="federated.devices (default: every accelerator, one CPU)")
     ap.add_argument("--plot", default=None, help="write the plot here (PNG)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one population in this process

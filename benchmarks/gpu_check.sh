@@ -27,7 +27,7 @@ if ! "$PY" -c "import pydantic, dp_accounting" 2>/dev/null; then
 fi
 if [ "$MODE" = cpu ]; then
   export JAX_PLATFORMS=cpu XLA_FLAGS="--xla_force_host_platform_device_count=2"
-  SCALE=(--populations 1000 --cohorts 10,32 --rounds 1 --model tiny --max-examples 8 --chunk-size 16)
+  SCALE=(--populations 1000 --cohorts 10,32 --rounds 1 --model tiny --max-examples 8 --chunk-size 16 --devices 2)
   SCALE_DP=(--populations 1000 --cohorts 32 --rounds 1 --model tiny --max-examples 8 --chunk-size 16 --strategy dp-fedavg)
   DPSGD=(--model nwp --nwp-model tiny --batch 8 --repeats 2)
   LIMIT=300

@@ -457,6 +457,10 @@ class FederatedConfig(_Strict):
     server_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="for server_optimizer = momentum")
     clip_norm: float | None = Field(None, gt=0.0, description="S: L2 clip of each user's delta (fedavg-clip, dp-fedavg)")
     engine: Literal["vectorized", "flower"] = "vectorized"
+    devices: int | None = Field(
+        None, ge=1,
+        description="devices the vectorized engine splits a chunk of clients over (default: every accelerator; 1 on a CPU, whose forced host devices share the same cores)",
+    )
     chunk_size: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(64, description="clients computed together by the vectorized engine (bounds memory); 'auto': the widest power of two whose deltas, local models and inputs fit 1/16 of the device's memory")
     vectorize: Literal["auto", "vmap", "scan"] = Field("auto", description="a group of users in one call: vmap (accelerators) or scan (CPU); auto picks by backend")
     eval_every: int = Field(5, ge=1, description="rounds between evaluations of the global model")

@@ -52,8 +52,9 @@ steps = 2
 
 
 def _tree(root: Path) -> dict[str, bytes]:
-    """Every file under ``root`` with a digest of its bytes."""
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).digest() for p in sorted(root.rglob("*")) if p.is_file()}
+    """Every file under ``root`` with a digest of its bytes; the lock files of run directories
+    (``.fedpriv.lock``: who holds the folder, left for the OS lock to reuse) are not data."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).digest() for p in sorted(root.rglob("*")) if p.is_file() and p.name != ".fedpriv.lock"}
 
 
 def _kind(path: Path) -> str:

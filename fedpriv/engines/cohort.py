@@ -9,7 +9,8 @@ skipped: CPUs) or ``vmap`` (all at once: accelerators); ``auto`` picks by backen
 key is ``client_key(seed, round, user)``, so a user's delta does not depend on which group, or
 which engine, computed it.
 
-Devices: with several devices of JAX's default backend, a group of ``width`` users is split over
+Devices: over ``federated.devices`` devices of JAX's default backend (default: every accelerator,
+and one device on a CPU, where forced host devices share the same cores), a group of ``width`` users is split over
 a 1-D mesh of ``gcd(width, devices)`` of them (``jax.sharding``, axis ``clients``): each device
 runs the same update (scan or vmap) on its slice of the users, the parameters replicated. The
 deltas come back to the first device, where the strategy's accumulator adds them in user order,
@@ -32,6 +33,7 @@ from fedpriv.clients.data import next_power_of_two
 from fedpriv.clients.update import make_cohort_update
 from fedpriv.privacy.streams import CLIENT, stream_key
 from fedpriv.engines.setup import FederatedSetup
+from fedpriv.errors import ConfigError
 from fedpriv.tasks.base import Params
 
 
@@ -79,6 +81,17 @@ class ShardedUpdate:
         return jax.device_put((deltas, loss_sums), self.devices[0])
 
 
+def cohort_devices(wanted: int | None) -> list:
+    """The devices a cohort is split over: ``federated.devices`` of JAX's default backend, or by
+    default every accelerator, and one device on a CPU (forced host devices share its cores, so a
+    split adds compiles and no speed)."""
+    have = jax.devices()
+    n = wanted if wanted is not None else (len(have) if jax.default_backend() != "cpu" else 1)
+    if n > len(have):
+        raise ConfigError(f"federated.devices = {n}, but JAX's {jax.default_backend()} backend has {len(have)} device(s)")
+    return have[:n]
+
+
 class CohortUpdate:
     """The jitted update of a group of users of one experiment (split over the default backend's
     devices when there are several; ``devices`` overrides which, ``mode`` the config's
@@ -87,7 +100,8 @@ class CohortUpdate:
     def __init__(self, setup: FederatedSetup, devices: list | None = None, mode: str | None = None):
         self.setup = setup
         self.mode = vectorize_mode(mode or setup.fcfg.vectorize)
-        self.update = ShardedUpdate(make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp, self.mode, jit=False), devices)
+        self.update = ShardedUpdate(make_cohort_update(setup.task, setup.fcfg.client_learning_rate, setup.client_dp, self.mode, jit=False),
+                                    devices if devices is not None else cohort_devices(setup.fcfg.devices))
 
     def deltas(self, params: Params, users: np.ndarray, round_: int, width: int) -> tuple[Params, np.ndarray, float, int]:
         """Deltas of ``users`` (at most ``width``), padded to ``width`` users.

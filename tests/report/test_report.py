@@ -79,7 +79,7 @@ grid = { "training.order" = ["iid", "noniid"] }
 [[runs]]
 name = "dp-sgd"
 kind = "central"
-privacy = { clip_norm = 1.0, noise_multiplier = 1.0, delta = 1e-4, sampling = "poisson" }
+privacy = { clip_norm = 1.0, noise_multiplier = 1.0, delta = 1e-5, sampling = "poisson" }
 
 [[runs]]
 name = "fedavg-{users}"

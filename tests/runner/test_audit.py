@@ -85,7 +85,7 @@ def test_fedpriv_audit_writes_and_prints_the_table(runs, capsys):
 def test_audit_refuses_what_it_cannot_audit(runs, tmp_path, capsys):
     _, _, root = runs
     assert main(["audit", str(tmp_path)]) == 2
-    assert "not a run directory" in capsys.readouterr().err
+    assert "not a fedpriv run directory" in capsys.readouterr().err
     assert main(["audit", str(root / "clean")]) == 2
     assert "no [canaries] section" in capsys.readouterr().err
 

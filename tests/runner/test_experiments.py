@@ -153,7 +153,7 @@ kind = "central"
 [[runs]]
 name = "dp-sgd"
 kind = "central"
-privacy = { clip_norm = 1.0, noise_multiplier = 1.0, delta = 1e-4 }
+privacy = { clip_norm = 1.0, noise_multiplier = 1.0, delta = 1e-5 }
 
 [[runs]]
 name = "dp-fedavg"
