@@ -161,3 +161,21 @@ def test_the_warm_start_refuses_another_model_or_vocabulary_before_training(stor
     )
     assert main(["train", "central", str(cfg_file), "--out", str(tmp_path / "run")]) == 2
     assert not (tmp_path / "run" / "checkpoint.json").exists()
+
+
+@pytest.mark.slow
+def test_a_target_above_a_run_is_its_final_validation_utility_plus_the_margin(store, tmp_path):
+    from fedpriv.config import UtilityConfig
+    from fedpriv.training.warmstart import utility_target
+
+    metric = "accuracy_no_oov_no_eos"
+    rows = [r for r in RunDir(store / "public").metrics() if r.get("split") == "validation"]
+    assert len(rows) >= 2  # the final evaluation, not the best one, is the reference
+    above = UtilityConfig(above=str(store / "public"), margin=0.02)
+    assert utility_target(above, metric) == pytest.approx(rows[-1][metric] + 0.02)
+    assert utility_target(above, metric, train_on="public") is None  # the public model is the reference, not trained to it
+    assert utility_target(UtilityConfig(target=0.3), metric) == 0.3
+    with pytest.raises(ConfigError, match="no such run directory"):
+        utility_target(UtilityConfig(above=str(tmp_path / "missing")), metric)
+    with pytest.raises(ConfigError, match="one of them"):
+        validate_config({"name": "x", "data": {"validation_fraction": 0.1}, "utility": {"target": 0.2, "above": "run:public"}})
