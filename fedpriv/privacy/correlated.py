@@ -99,16 +99,18 @@ class CyclicSchedule:
     def check(self, key: str, max_participations: int | None, min_separation: int | None) -> None:
         """Refuse (one line, naming ``key``) a schedule that breaks the participation the config
         states: a unit taking part more than ``max_participations`` times, or groups fewer than
-        ``min_separation`` (a unit would come back within fewer steps)."""
+        ``min_separation`` (a unit would come back within fewer steps). ``key`` "--": the CLI's
+        options ``--max-participations`` and ``--min-separation``."""
         b, k = self.groups, self.max_participations
+        sep, most = ("--min-separation", "--max-participations") if key == "--" else (f"{key}.min_separation", f"{key}.max_participations")
         if min_separation is not None and b < min_separation:
             _fail(
-                f"{key}.min_separation = {min_separation}: {self.population} {self.unit}s in cohorts of {self.cohort} make only "
+                f"{sep} = {min_separation}: {self.population} {self.unit}s in cohorts of {self.cohort} make only "
                 f"{b} groups, so a {self.unit} would take part again after {b} steps; use a cohort of at most {self.population // min_separation}"
             )
         if max_participations is not None and k > max_participations:
             _fail(
-                f"{key}.max_participations = {max_participations}: {self.steps} steps over {b} groups of {self.cohort} make some {self.unit} "
+                f"{most} = {max_participations}: {self.steps} steps over {b} groups of {self.cohort} make some {self.unit} "
                 f"take part {k} times; use at most {max_participations * b} steps or more {self.unit}s"
             )
 
