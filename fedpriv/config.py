@@ -370,7 +370,7 @@ class PrivacyConfig(_Strict):
     noise_multiplier: float | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate sigma to reach this epsilon at the end")
     delta: float = Field(..., gt=0.0, lt=1.0)
-    sampling: Literal["poisson", "fixed"] = Field("poisson", description="poisson: q = B/N; fixed: B of N without replacement each step")
+    sampling: Literal["poisson", "fixed", "cyclic"] = Field("poisson", description="poisson: q = B/N; fixed: B of N without replacement each step; cyclic: the schedule of mechanism = banded-mf / blt (units in N // B fixed groups, one per step; the default with those mechanisms)")
     micro_batch_size: int | None = Field(None, ge=1, description="b: examples per device per micro-step (default: the whole batch)")
     devices: int = Field(1, ge=1, description="P: devices a micro-step is sharded over")
     noise_mode: Literal["once", "per-shard", "per-micro-step"] = Field("once", description="where noise is drawn")
@@ -396,12 +396,14 @@ class PrivacyConfig(_Strict):
             raise ValueError("noise_multiplier = 0 gives no privacy; set private = false for clipping without noise (no epsilon is reported), or drop [privacy]")
         _check_mechanism(self)
         if self.mechanism != "gaussian":
-            if "sampling" in self.model_fields_set:
-                raise ValueError(f"mechanism = {self.mechanism!r} runs the cyclic schedule it is accounted for (units in fixed groups, one group per step); drop sampling")
+            if "sampling" in self.model_fields_set and self.sampling != "cyclic":
+                raise ValueError(f"mechanism = {self.mechanism!r} runs the cyclic schedule it is accounted for (units in fixed groups, one group per step), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it")
             if self.noise_mode != "once":
                 raise ValueError(f"mechanism = {self.mechanism!r} adds its noise once per step; noise_mode must be 'once'")
             if not self.private:
                 raise ValueError(f"mechanism = {self.mechanism!r} needs noise; private = false takes mechanism = 'gaussian'")
+        elif self.sampling == "cyclic":
+            raise ValueError("sampling = 'cyclic' is the schedule of the correlated-noise mechanisms; set mechanism = 'banded-mf' or 'blt'")
         elif self.accountant == "pld" and self.sampling == "fixed":
             raise ValueError("accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
         if self.noise_mode == "per-micro-step" and self.sampling != "fixed":
@@ -490,7 +492,7 @@ class FederatedConfig(_Strict):
 
     rounds: int = Field(..., ge=1, description="R: training rounds")
     clients_per_round: int = Field(..., ge=1, description="m: users per round (expected m under Poisson)")
-    sampling: Literal["fixed", "poisson"] = Field("fixed", description="fixed: exactly m of N without replacement; poisson: each user with q = m/N")
+    sampling: Literal["fixed", "poisson", "cyclic"] = Field("fixed", description="fixed: exactly m of N without replacement; poisson: each user with q = m/N; cyclic: the schedule of dp.mechanism = banded-mf / blt (users in N // m fixed groups, one per round; the default with those mechanisms)")
     strategy: Literal["fedavg", "fedavg-clip", "dp-fedavg"] = "fedavg"
     local_epochs: int = Field(1, ge=1, description="E: passes over the user's examples per round")
     local_batch_size: int = Field(16, ge=1, description="B: examples per local step")
@@ -540,6 +542,8 @@ class FederatedConfig(_Strict):
     def _strategy(self) -> "FederatedConfig":
         """Each strategy takes exactly the keys it uses (refused here, before any data is read)."""
         s = self.strategy
+        if self.sampling == "cyclic" and (self.dp is None or self.dp.mechanism == "gaussian"):
+            raise ValueError("sampling = 'cyclic' is the cohort schedule of the correlated-noise mechanisms; set dp.mechanism = 'banded-mf' or 'blt' (strategy = 'dp-fedavg')")
         if s == "fedavg":
             if self.clip_norm is not None or self.dp is not None:
                 given = "clip_norm" if self.clip_norm is not None else "[federated.dp]"
@@ -552,8 +556,8 @@ class FederatedConfig(_Strict):
         if s == "dp-fedavg" and self.dp is None:
             raise ValueError("strategy = 'dp-fedavg' needs a [federated.dp] table: delta, and noise_multiplier or target_epsilon")
         if self.dp is not None and self.dp.mechanism != "gaussian":
-            if "sampling" in self.model_fields_set:
-                raise ValueError(f"dp.mechanism = {self.dp.mechanism!r} runs the cyclic cohort schedule it is accounted for (users in fixed groups of clients_per_round, one group per round); drop sampling")
+            if "sampling" in self.model_fields_set and self.sampling != "cyclic":
+                raise ValueError(f"dp.mechanism = {self.dp.mechanism!r} runs the cyclic cohort schedule it is accounted for (users in fixed groups of clients_per_round, one group per round), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it")
         elif self.dp is not None and self.dp.accountant == "pld" and self.sampling == "fixed":
             raise ValueError("dp.accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
         if self.dp is not None and self.dp.secure_noise and self.client_dp is not None:

@@ -48,7 +48,8 @@ def test_cohorts_are_the_cyclic_groups(tmp_path):
 @pytest.mark.parametrize(
     "fed, message",
     [
-        (dict(sampling="poisson"), "runs the cyclic cohort schedule it is accounted for .* drop sampling"),
+        (dict(sampling="poisson"), "runs the cyclic cohort schedule it is accounted for .* not 'poisson' sampling; set sampling = 'cyclic' or drop it"),
+        (dict(sampling="cyclic", dp={"noise_multiplier": 1.0, "delta": 1e-5}), "sampling = 'cyclic' is the cohort schedule of the correlated-noise mechanisms"),
         (dict(dp={"mechanism": "blt", "noise_multiplier": 1.0, "delta": 1e-5, "adaptive_clip": True}), "adaptive_clip is not supported"),
         (dict(dp={"mechanism": "banded-mf", "noise_multiplier": 1.0, "delta": 1e-5}), "needs bands"),
         (dict(dp={"mechanism": "gaussian", "bands": 2, "noise_multiplier": 1.0, "delta": 1e-5}), "bands applies to mechanism"),
@@ -60,6 +61,11 @@ def test_config_refuses_what_the_accountant_does_not_cover(fed, message):
     base.update(fed)
     with pytest.raises(ValueError, match=message):
         FederatedConfig(**base)
+
+
+def test_cyclic_may_be_named_over_an_inherited_fixed_sampling():
+    cfg = FederatedConfig(strategy="dp-fedavg", rounds=3, clients_per_round=2, clip_norm=1.0, sampling="cyclic", dp={"mechanism": "blt", "target_epsilon": 8.0, "delta": 1e-5, "accountant": "pld"})
+    assert cfg.sampling == "cyclic" and cfg.dp.accountant == "pld"
 
 
 def test_too_many_rounds_for_the_stated_participation_are_refused(tmp_path):
