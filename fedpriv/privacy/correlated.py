@@ -252,6 +252,11 @@ class CorrelatedSteps:
         return math.ceil(self.steps / self.min_separation)
 
     @property
+    def sampling_probability(self) -> float:
+        """m / N: the fraction of the units in each step (no sampling: a group)."""
+        return self.batch / self.population
+
+    @property
     def sensitivity_in_clip_norms(self) -> float:
         """Delta over the recorded steps (jax-privacy's min-separation sensitivity)."""
         return self.strategy.sensitivity(self.steps, self.min_separation)
