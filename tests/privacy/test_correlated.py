@@ -170,3 +170,14 @@ def test_ledger_keeps_a_correlated_event_and_merges_its_steps(tmp_path):
     assert again.epsilon(1e-5).epsilon == epsilon_for(ev, 1e-5).epsilon
     # epsilon grows with the steps released (more participations, a larger sensitivity)
     assert epsilon_for(ev.with_steps(5), 1e-5).epsilon < epsilon_for(ev, 1e-5).epsilon
+
+
+def test_the_report_draws_epsilon_curves_of_a_correlated_run():
+    from fedpriv.report.tables import epsilon_curves
+
+    ev = CorrelatedSteps.of(make_strategy("banded-mf", 2), 2.0, CyclicSchedule(1000, 100, 20, seed=0))
+    out = epsilon_curves([ev], 1e-5, "rdp", "federated", points=3)
+    assert [p["parameter"] for p in out["panels"]] == ["noise_multiplier", "rounds"]  # no batch panel: no sampling
+    assert out["epsilon"] == epsilon_for(ev, 1e-5).epsilon
+    rounds = out["panels"][1]
+    assert rounds["epsilon"] == sorted(rounds["epsilon"])  # more rounds, more participations, a larger epsilon
