@@ -338,6 +338,29 @@ class TrainingConfig(_Strict):
         return self
 
 
+
+_MECHANISM_DOC = "gaussian: i.i.d. noise each step (DP-SGD / DP-FedAvg); banded-mf or blt: correlated noise (matrix factorization, docs/correlated_noise.md) on a cyclic schedule"
+
+
+def _check_mechanism(m: Any) -> None:
+    """The keys of the noise mechanism: banded-mf takes ``bands``, blt ``buffers``; both run the
+    cyclic schedule (no ``sampling`` key) and may state the participation they must keep."""
+    extra = {"bands": m.bands, "buffers": m.buffers, "max_participations": m.max_participations, "min_separation": m.min_separation}
+    if m.mechanism == "gaussian":
+        given = [k for k, v in extra.items() if v is not None]
+        if given:
+            raise ValueError(f"{given[0]} applies to mechanism = 'banded-mf' or 'blt' (correlated noise), not 'gaussian'")
+        return
+    if m.mechanism == "banded-mf" and m.buffers is not None:
+        raise ValueError("buffers applies to mechanism = 'blt'; banded-mf takes bands")
+    if m.mechanism == "blt" and m.bands is not None:
+        raise ValueError("bands applies to mechanism = 'banded-mf'; blt takes buffers")
+    if m.mechanism == "banded-mf" and m.bands is None:
+        raise ValueError("mechanism = 'banded-mf' needs bands (the number of bands of the strategy matrix; 1 = DP-SGD's noise)")
+    if m.epsilon_budget is not None:
+        raise ValueError(f"epsilon_budget is not supported with mechanism = {m.mechanism!r} (its epsilon is that of the planned schedule); use target_epsilon")
+
+
 class PrivacyConfig(_Strict):
     """DP-SGD for central training (a ``[privacy]`` section turns it on)."""
 
@@ -347,12 +370,17 @@ class PrivacyConfig(_Strict):
     noise_multiplier: float | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate sigma to reach this epsilon at the end")
     delta: float = Field(..., gt=0.0, lt=1.0)
-    sampling: Literal["poisson", "fixed"] = Field("poisson", description="poisson: q = B/N; fixed: B of N without replacement each step")
+    sampling: Literal["poisson", "fixed", "cyclic"] = Field("poisson", description="poisson: q = B/N; fixed: B of N without replacement each step; cyclic: the schedule of mechanism = banded-mf / blt (units in N // B fixed groups, one per step; the default with those mechanisms)")
     micro_batch_size: int | None = Field(None, ge=1, description="b: examples per device per micro-step (default: the whole batch)")
     devices: int = Field(1, ge=1, description="P: devices a micro-step is sharded over")
     noise_mode: Literal["once", "per-shard", "per-micro-step"] = Field("once", description="where noise is drawn")
     clipping: Literal["auto", "fast", "reference"] = Field("auto", description="fast (ghost norms) where the model allows")
     epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a step would exceed this epsilon")
+    mechanism: Literal["gaussian", "banded-mf", "blt"] = Field("gaussian", description=_MECHANISM_DOC)
+    bands: int | None = Field(None, ge=1, description="mechanism = banded-mf: bands of the strategy matrix C (1 = i.i.d. noise)")
+    buffers: int | None = Field(None, ge=1, le=10, description="mechanism = blt: buffers of the BLT strategy (default 4)")
+    max_participations: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a unit takes part more than this many times (k)")
+    min_separation: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a unit takes part again within fewer steps (b)")
     accountant: Literal["rdp", "pld"] = "rdp"
     private: bool = Field(True, description="false: clipping without noise, a control that claims no privacy (needs noise_multiplier = 0; no epsilon is reported)")
     secure_noise: bool = Field(False, description="draw the DP noise and the sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
@@ -366,7 +394,17 @@ class PrivacyConfig(_Strict):
                 raise ValueError("private = false trains without noise: it takes noise_multiplier = 0 and no target_epsilon or epsilon_budget")
         elif self.noise_multiplier == 0:
             raise ValueError("noise_multiplier = 0 gives no privacy; set private = false for clipping without noise (no epsilon is reported), or drop [privacy]")
-        if self.accountant == "pld" and self.sampling == "fixed":
+        _check_mechanism(self)
+        if self.mechanism != "gaussian":
+            if "sampling" in self.model_fields_set and self.sampling != "cyclic":
+                raise ValueError(f"mechanism = {self.mechanism!r} runs the cyclic schedule it is accounted for (units in fixed groups, one group per step), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it")
+            if self.noise_mode != "once":
+                raise ValueError(f"mechanism = {self.mechanism!r} adds its noise once per step; noise_mode must be 'once'")
+            if not self.private:
+                raise ValueError(f"mechanism = {self.mechanism!r} needs noise; private = false takes mechanism = 'gaussian'")
+        elif self.sampling == "cyclic":
+            raise ValueError("sampling = 'cyclic' is the schedule of the correlated-noise mechanisms; set mechanism = 'banded-mf' or 'blt'")
+        elif self.accountant == "pld" and self.sampling == "fixed":
             raise ValueError("accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
         if self.noise_mode == "per-micro-step" and self.sampling != "fixed":
             raise ValueError("noise_mode = 'per-micro-step' needs sampling = 'fixed' (under Poisson sampling the number of micro-steps depends on the sample)")
@@ -381,6 +419,11 @@ class FederatedDPConfig(_Strict):
     noise_multiplier: float | None = Field(None, ge=0.0, description="z: noise std z*S on the clipped sum (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate z to reach this epsilon after all rounds")
     epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a round would exceed this epsilon")
+    mechanism: Literal["gaussian", "banded-mf", "blt"] = Field("gaussian", description=_MECHANISM_DOC)
+    bands: int | None = Field(None, ge=1, description="mechanism = banded-mf: bands of the strategy matrix C (1 = i.i.d. noise)")
+    buffers: int | None = Field(None, ge=1, le=10, description="mechanism = blt: buffers of the BLT strategy (default 4)")
+    max_participations: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a user takes part more than this many times (k)")
+    min_separation: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a user takes part again within fewer rounds (b)")
     accountant: Literal["rdp", "pld"] = "rdp"
     adaptive_clip: bool = Field(False, description="adapt S to a quantile of the delta norms (Andrew et al. 2021)")
     target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
@@ -394,6 +437,9 @@ class FederatedDPConfig(_Strict):
             raise ValueError("give exactly one of noise_multiplier or target_epsilon")
         if self.noise_multiplier == 0:
             raise ValueError("noise_multiplier = 0 gives no privacy; use strategy = 'fedavg-clip' (and no [federated.dp]) for clipping without noise")
+        _check_mechanism(self)
+        if self.mechanism != "gaussian" and self.adaptive_clip:
+            raise ValueError(f"adaptive_clip is not supported with mechanism = {self.mechanism!r} (its noise state assumes one clip norm)")
         return self
 
 
@@ -446,7 +492,7 @@ class FederatedConfig(_Strict):
 
     rounds: int = Field(..., ge=1, description="R: training rounds")
     clients_per_round: int = Field(..., ge=1, description="m: users per round (expected m under Poisson)")
-    sampling: Literal["fixed", "poisson"] = Field("fixed", description="fixed: exactly m of N without replacement; poisson: each user with q = m/N")
+    sampling: Literal["fixed", "poisson", "cyclic"] = Field("fixed", description="fixed: exactly m of N without replacement; poisson: each user with q = m/N; cyclic: the schedule of dp.mechanism = banded-mf / blt (users in N // m fixed groups, one per round; the default with those mechanisms)")
     strategy: Literal["fedavg", "fedavg-clip", "dp-fedavg"] = "fedavg"
     local_epochs: int = Field(1, ge=1, description="E: passes over the user's examples per round")
     local_batch_size: int = Field(16, ge=1, description="B: examples per local step")
@@ -496,6 +542,8 @@ class FederatedConfig(_Strict):
     def _strategy(self) -> "FederatedConfig":
         """Each strategy takes exactly the keys it uses (refused here, before any data is read)."""
         s = self.strategy
+        if self.sampling == "cyclic" and (self.dp is None or self.dp.mechanism == "gaussian"):
+            raise ValueError("sampling = 'cyclic' is the cohort schedule of the correlated-noise mechanisms; set dp.mechanism = 'banded-mf' or 'blt' (strategy = 'dp-fedavg')")
         if s == "fedavg":
             if self.clip_norm is not None or self.dp is not None:
                 given = "clip_norm" if self.clip_norm is not None else "[federated.dp]"
@@ -507,7 +555,10 @@ class FederatedConfig(_Strict):
             raise ValueError("strategy = 'fedavg-clip' adds no noise, so [federated.dp] has no meaning; use 'dp-fedavg'")
         if s == "dp-fedavg" and self.dp is None:
             raise ValueError("strategy = 'dp-fedavg' needs a [federated.dp] table: delta, and noise_multiplier or target_epsilon")
-        if self.dp is not None and self.dp.accountant == "pld" and self.sampling == "fixed":
+        if self.dp is not None and self.dp.mechanism != "gaussian":
+            if "sampling" in self.model_fields_set and self.sampling != "cyclic":
+                raise ValueError(f"dp.mechanism = {self.dp.mechanism!r} runs the cyclic cohort schedule it is accounted for (users in fixed groups of clients_per_round, one group per round), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it")
+        elif self.dp is not None and self.dp.accountant == "pld" and self.sampling == "fixed":
             raise ValueError("dp.accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
         if self.dp is not None and self.dp.secure_noise and self.client_dp is not None:
             raise ValueError("dp.secure_noise covers the server's noise and sampling; client-side DP-SGD ([federated.client_dp]) draws its noise from the seed: drop one of them")

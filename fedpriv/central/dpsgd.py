@@ -26,6 +26,12 @@ clipped to C (so the user's whole contribution to a step is bounded by C, whatev
 examples); the sum over users gets N(0, sigma^2 C^2) and is divided by B. The ledger accounts
 users (population: the training users), so a central run and a DP-FedAvg run can be compared at
 the same (epsilon, delta) for the same unit.
+
+**Correlated noise** (``privacy.mechanism = "banded-mf"`` or ``"blt"``,
+:mod:`fedpriv.privacy.correlated`): the units (examples, or users) are split into b = N // B
+fixed groups and step t takes group t mod b (no sampling); the noise of step t is row t of
+C^-1 Z, Z_t drawn from the ``correlated_noise`` stream at step t, C^-1's state kept in the
+checkpointed state (``noise``); the ledger accounts the run as one Gaussian mechanism.
 """
 
 from __future__ import annotations
@@ -44,10 +50,11 @@ from fedpriv.central.users import UserBatches
 from fedpriv.config import PrivacyConfig, TrainingConfig
 from fedpriv.errors import FedprivError, PrivacyParameterError
 from fedpriv.privacy.accounting import GaussianSteps
-from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, noise_and_normalize
+from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, correlated_noise_and_normalize, init_noise_state, noise_and_normalize
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
-from fedpriv.privacy.streams import STEP, NoiseSeed, stream_key
+from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
+from fedpriv.privacy.streams import CORRELATED_NOISE, STEP, NoiseSeed, stream_key
 from fedpriv.rundir import LEDGER, RunDir
 from fedpriv.tasks.base import Batch, Task
 from fedpriv.training.loop import gather
@@ -72,11 +79,13 @@ class DPSGDStepper(CentralStepper):
         # noise: where the DP noise and the sampling come from (default: the seed, a simulation).
         self.noise = noise if noise is not None else NoiseSeed.simulation(seed)
         b_logical = cfg.batch_size
+        self.correlated = dp.mechanism != "gaussian"
+        self.sampling = "cyclic" if self.correlated else dp.sampling
         self.user_batches: UserBatches | None = None
         if dp.unit == "user":
             if user_counts is None:
                 raise FedprivError("user-level DP-SGD needs the training users' example counts")
-            self.user_batches = UserBatches(user_counts, dp.sampling, b_logical, total_steps, dp.examples_per_user, self.noise.entropy)
+            self.user_batches = UserBatches(user_counts, self.sampling, b_logical, total_steps, dp.examples_per_user, self.noise.entropy)
             n, self.group = self.user_batches.num_users, dp.examples_per_user
         else:
             n, self.group = len(train["mask"]), 1
@@ -101,13 +110,23 @@ class DPSGDStepper(CentralStepper):
         shards = self.P if dp.noise_mode in ("per-shard", "per-micro-step") else 1
         micro = self.T if dp.noise_mode == "per-micro-step" else 1
         self.draws = shards * micro
-        template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, dp.unit, shards, micro)
+        self.schedule: CyclicSchedule | None = None
+        if self.correlated:  # correlated noise: the cyclic schedule and the strategy C it is accounted for
+            self.schedule = self.user_batches.schedule if self.user_batches is not None else CyclicSchedule(n, b_logical, total_steps, self.noise.entropy, "example")
+            self.schedule.check("privacy", dp.max_participations, dp.min_separation)
+            self.strategy = make_strategy(dp.mechanism, dp.bands or 1, dp.buffers or 4)
+            self.noising_matrix = self.strategy.noising_matrix()
+            template = CorrelatedSteps.of(self.strategy, 1.0, self.schedule)
+            say(f"{self.strategy.describe()}: {self.schedule.groups} groups of {b_logical} {dp.unit}s, one per step (k = {self.schedule.max_participations}, b = {self.schedule.groups}); noise state: {self.strategy.memory} model-sized buffer(s)")
+        else:
+            template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, dp.unit, shards, micro)
         self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say, self.noise.note())
         self.sigma = self.budget.noise_multiplier
         if self.budget.event is None:
             say("noise multiplier 0: clipping only, no privacy guarantee")
         self.q = b_logical / n
         self.base_key = stream_key(self.noise.root, STEP)  # = step_key_base(seed) for a simulation
+        self.correlated_key = stream_key(self.noise.root, CORRELATED_NOISE)  # Z_t of banded MF / BLT: fold_in(., step)
         self._clip = self._choose_clipping(say)
         self._build(say)
 
@@ -149,6 +168,14 @@ class DPSGDStepper(CentralStepper):
             updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
             return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, optax.tree.norm(grads)
 
+        if self.correlated:
+            matrix = self.noising_matrix
+
+            def apply(state, acc, key):  # noqa: F811 (correlated noise: row t of C^-1 Z, the state kept)
+                grads, noise_state = correlated_noise_and_normalize(acc, key, C, apply_sigma, denominator, matrix, state["noise"])
+                updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+                return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state, "noise": noise_state}, optax.tree.norm(grads)
+
         self._sharding = None
         if self.P > 1:
             from jax.sharding import Mesh, NamedSharding, PartitionSpec
@@ -159,11 +186,21 @@ class DPSGDStepper(CentralStepper):
         self._apply = jax.jit(apply)
 
     # ---- the Stepper interface ---------------------------------------------------------------------
+    def init_state(self, params) -> dict:  # noqa: ANN001
+        """Parameters and optimizer state; with correlated noise also C^-1's bands or buffers
+        (``noise``, checkpointed with the rest, so a resumed run draws the same noise)."""
+        state = super().init_state(params)
+        if self.correlated:
+            state["noise"] = init_noise_state(self.noising_matrix, params)
+        return state
+
     def sample(self, step: int) -> np.ndarray:
         """Record indices of step ``step``'s logical batch (deterministic by seed and step): (units,)
         for example-level DP-SGD, (users, examples_per_user) for user-level."""
         if self.user_batches is not None:
             return self.user_batches.indices(step)
+        if self.schedule is not None:
+            return self.schedule.sample(step)
         n = len(self.train["mask"])
         rng = np.random.default_rng([self.noise.entropy, step, 0xD5])
         if self.dp.sampling == "poisson":
@@ -177,7 +214,7 @@ class DPSGDStepper(CentralStepper):
             state = jax.device_put(state, self._sharding[1])
         acc = jax.tree.map(jnp.zeros_like, state["params"])
         loss_sum, count = 0.0, 0.0
-        chunks = max(1, math.ceil(len(idx) / self.rows)) if self.dp.sampling == "poisson" else self.T
+        chunks = max(1, math.ceil(len(idx) / self.rows)) if self.sampling == "poisson" else self.T
         for k in range(chunks):
             units = idx[k * self.rows : (k + 1) * self.rows]
             batch = gather(self.train, units.reshape(-1), self.rows * self.group)
@@ -185,7 +222,8 @@ class DPSGDStepper(CentralStepper):
                 batch = jax.device_put(batch, self._sharding[0])
             acc, ls, c = self._accumulate(state["params"], acc, batch, jax.random.fold_in(key, k + 1))
             loss_sum, count = loss_sum + ls, count + c
-        state, noised_norm = self._apply(state, acc, jax.random.fold_in(key, 0))
+        noise_key = jax.random.fold_in(self.correlated_key, step) if self.correlated else jax.random.fold_in(key, 0)
+        state, noised_norm = self._apply(state, acc, noise_key)
         self.budget.record()
         info = {"noised_update_norm": float(noised_norm)}  # public: the divergence check reads it
         if self.cfg.log_private_stats:  # the batch's unnoised loss and realized size: outside epsilon

@@ -2,7 +2,8 @@
 ``k`` of its examples (jax-privacy's ``UserSelectionStrategy``; a user's examples are taken in a
 shuffled cycle, so a user with fewer than k examples repeats them).
 
-Sampling: Poisson (each user independently with q = B/N; jax-privacy's ``CyclicPoissonSampling``
+Sampling: cyclic (correlated noise: :class:`~fedpriv.privacy.correlated.CyclicSchedule` over the
+users, each user's examples still taken by jax-privacy's ``UserSelectionStrategy``), Poisson (each user independently with q = B/N; jax-privacy's ``CyclicPoissonSampling``
 with a cycle of 1) or fixed-size (exactly B of N users without replacement, independently at
 every step: ``FixedBatchSampling``), the assumptions the accountant makes for add-or-remove-one
 and replace-one user. The iterator is replayed from the start when a run resumes, so step i's
@@ -15,12 +16,14 @@ never sampled, so counting it would understate q = B/N.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 
 import numpy as np
-from jax_privacy.batch_selection import CyclicPoissonSampling, FixedBatchSampling, PartitionType, UserSelectionStrategy
+from jax_privacy.batch_selection import BatchSelectionStrategy, CyclicPoissonSampling, FixedBatchSampling, PartitionType, UserSelectionStrategy
 
 from fedpriv.errors import PrivacyParameterError
+from fedpriv.privacy.correlated import CyclicSchedule
 
 USER_STREAM = 0x05E5
 
@@ -28,6 +31,20 @@ USER_STREAM = 0x05E5
 def sampled_population(counts: np.ndarray) -> int:
     """N: the users with at least one example, the only ones the sampler draws (``user_ids``)."""
     return int(np.count_nonzero(np.asarray(counts, np.int64) > 0))
+
+
+@dataclasses.dataclass(frozen=True)
+class ScheduledSampling(BatchSelectionStrategy):
+    """jax-privacy's batch selection over a :class:`~fedpriv.privacy.correlated.CyclicSchedule`:
+    batch i is the schedule's group i mod b (the correlated-noise mechanisms' participation)."""
+
+    schedule: CyclicSchedule
+
+    def batch_iterator(self, num_examples: int, rng=None) -> Iterator[np.ndarray]:  # noqa: ANN001
+        if num_examples != self.schedule.population:
+            raise PrivacyParameterError(f"the cyclic schedule covers {self.schedule.population} users, the data has {num_examples}")
+        for i in range(self.schedule.steps):
+            yield self.schedule.sample(i)
 
 
 class UserBatches:
@@ -39,7 +56,11 @@ class UserBatches:
         self.num_users = sampled_population(counts)
         if sampling == "fixed" and batch > self.num_users:
             raise PrivacyParameterError(f"training.batch_size = {batch} users > {self.num_users} training users: a fixed-size batch needs B <= N")
-        if sampling == "poisson":
+        self.schedule: CyclicSchedule | None = None
+        if sampling == "cyclic":  # correlated noise: the users in fixed groups of B, group i mod b at step i
+            self.schedule = CyclicSchedule(self.num_users, batch, steps, seed, "user")
+            base = ScheduledSampling(self.schedule)
+        elif sampling == "poisson":
             base = CyclicPoissonSampling(sampling_prob=batch / self.num_users, iterations=steps, partition_type=PartitionType.INDEPENDENT)
         else:
             base = FixedBatchSampling(batch_size=batch, iterations=steps)

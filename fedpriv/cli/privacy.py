@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedpriv.errors import PrivacyParameterError
+from fedpriv.privacy.correlated import CorrelatedSteps
 from fedpriv.privacy.accounting import (
     MAX_NOISE_MULTIPLIER,
     MIN_NOISE_MULTIPLIER,
@@ -36,6 +37,10 @@ class Event(str, Enum):
     dpfedavg_fixed = "dpfedavg-fixed"
     dpfedavg_poisson = "dpfedavg-poisson"
     no_sampling = "no-sampling"
+    banded_mf_dpsgd = "banded-mf-dpsgd"
+    banded_mf_fedavg = "banded-mf-fedavg"
+    blt_dpsgd = "blt-dpsgd"
+    blt_fedavg = "blt-fedavg"
 
 
 class Accountant(str, Enum):
@@ -51,12 +56,23 @@ _EVENTS = {
     Event.dpfedavg_poisson: ("poisson", "user"),
 }
 
+#: Correlated-noise events: (mechanism, unit); the schedule is cyclic (docs/correlated_noise.md).
+_CORRELATED_EVENTS = {
+    Event.banded_mf_dpsgd: ("banded-mf", "example"),
+    Event.banded_mf_fedavg: ("banded-mf", "user"),
+    Event.blt_dpsgd: ("blt", "example"),
+    Event.blt_fedavg: ("blt", "user"),
+}
+
 EVENT_HELP = (
     "dpsgd-poisson: DP-SGD, Poisson sampling q=B/N, add-or-remove-one example; "
     "dpsgd-fixed: DP-SGD, fixed batches of B without replacement, replace-one example (RDP only); "
     "dpfedavg-fixed: DP-FedAvg, exactly m=B users of N per round without replacement, replace-one user (RDP only); "
     "dpfedavg-poisson: DP-FedAvg, Poisson user sampling; "
-    "no-sampling: every unit in every step."
+    "no-sampling: every unit in every step; "
+    "banded-mf-dpsgd, banded-mf-fedavg, blt-dpsgd, blt-fedavg: correlated noise (--bands, --buffers) on the cyclic schedule: "
+    "the N units in b = N // B groups of B, one group per step, so each unit at most k = ceil(steps / b) times, b steps apart "
+    "(--max-participations k and --min-separation b refuse a schedule that breaks them); zero-out-one unit."
 )
 
 
@@ -102,6 +118,10 @@ OPTION_RANGES: dict[str, _Range] = {
     "--epsilon": _Range(0, low_open=True),
     "--target-epsilon": _Range(0, low_open=True),
     "--epochs": _Range(0, low_open=True, why="steps = ceil(epochs * N / B)"),
+    "--bands": _Range(1, 10**6, integer=True),
+    "--buffers": _Range(1, 10, integer=True),
+    "--max-participations": _Range(1, MAX_STEPS, integer=True),
+    "--min-separation": _Range(1, MAX_STEPS, integer=True),
 }
 
 
@@ -124,7 +144,41 @@ def _shown(value: float) -> str:
     return f"{value:g}"
 
 
-def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str) -> GaussianSteps:
+@dataclass(frozen=True)
+class _MF:
+    """The correlated-noise options of a command (ignored by the Gaussian events)."""
+
+    bands: Optional[int] = None
+    buffers: Optional[int] = None
+    max_participations: Optional[int] = None
+    min_separation: Optional[int] = None
+
+    def options(self) -> dict[str, Optional[int]]:
+        return {"--bands": self.bands, "--buffers": self.buffers, "--max-participations": self.max_participations, "--min-separation": self.min_separation}
+
+
+def _correlated_event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, mf: _MF) -> CorrelatedSteps:
+    from fedpriv.privacy.correlated import CyclicSchedule, make_strategy
+
+    mechanism, unit = _CORRELATED_EVENTS[event]
+    if batch is None or not float(batch).is_integer():
+        raise PrivacyParameterError(f"--batch: {event.value} takes a whole cohort B (the cyclic schedule's group size), got {batch}")
+    if shards != 1 or micro_steps != 1:
+        raise PrivacyParameterError(f"--shards / --micro-steps: {event.value} adds its noise once per step")
+    if mechanism == "banded-mf" and (mf.bands is None or mf.buffers is not None):
+        raise PrivacyParameterError(f"{event.value} needs --bands (and takes no --buffers)")
+    if mechanism == "blt" and mf.bands is not None:
+        raise PrivacyParameterError(f"{event.value} takes --buffers (default 4), not --bands")
+    schedule = CyclicSchedule(population, int(batch), steps, 0, unit)
+    schedule.check("--", mf.max_participations, mf.min_separation)
+    return CorrelatedSteps.of(make_strategy(mechanism, mf.bands or 1, mf.buffers or 4), z, schedule)
+
+
+def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str, mf: _MF = _MF()) -> GaussianSteps | CorrelatedSteps:
+    if event in _CORRELATED_EVENTS:
+        return _correlated_event(event, z, population, batch, steps, shards, micro_steps, mf)
+    if any(v is not None for v in mf.options().values()):
+        raise PrivacyParameterError(f"--bands, --buffers, --max-participations and --min-separation apply to the correlated-noise events, not {event.value}")
     if event is Event.no_sampling:
         if batch is not None and batch != population:
             raise PrivacyParameterError(f"--batch: with no sampling every unit is in every step, so batch must equal --population ({population}) or be omitted")
@@ -135,7 +189,7 @@ def _event(event: Event, z: float, population: int, batch: Optional[float], step
     return GaussianSteps(sampling, z, population, batch, steps, unit, shards, micro_steps)  # type: ignore[arg-type]
 
 
-def _accountants(ev: GaussianSteps, which: Accountant) -> list[str]:
+def _accountants(ev: GaussianSteps | CorrelatedSteps, which: Accountant) -> list[str]:
     have = available_accountants(ev)
     if which is Accountant.all:
         try:
@@ -178,6 +232,10 @@ _U = typer.Option("example", "--unit", help="example or user (for no-sampling)."
 _EV = typer.Option(..., "--event", "-e", help=EVENT_HELP)
 _ACC = typer.Option(Accountant.all, "--accountant", help="rdp, pld, or all available.")
 _JSON = typer.Option(False, "--json", help="Print JSON.")
+_BANDS = typer.Option(None, "--bands", help="banded-mf-*: bands of the strategy matrix C (1 = DP-SGD's noise).")
+_BUFFERS = typer.Option(None, "--buffers", help="blt-*: buffers of the BLT (default 4).")
+_MAXP = typer.Option(None, "--max-participations", help="correlated noise: refuse a schedule in which a unit takes part more than k times.")
+_MINSEP = typer.Option(None, "--min-separation", help="correlated noise: refuse a schedule in which a unit takes part again within fewer than b steps.")
 _ALLOW = typer.Option(False, "--allow-large-delta", help="Answer even when delta >= 1/N (refused otherwise: publishing one record in the clear meets it); the answer then says what it means.")
 
 
@@ -208,14 +266,19 @@ def epsilon_cmd(
     accountant: Accountant = _ACC,
     as_json: bool = _JSON,
     allow_large_delta: bool = _ALLOW,
+    bands: Optional[int] = _BANDS,
+    buffers: Optional[int] = _BUFFERS,
+    max_participations: Optional[int] = _MAXP,
+    min_separation: Optional[int] = _MINSEP,
 ) -> None:
-    """epsilon for a delta (or delta for an epsilon) of a DP-SGD or DP-FedAvg run."""
+    """epsilon for a delta (or delta for an epsilon) of a DP-SGD or DP-FedAvg run (Gaussian or correlated noise)."""
+    mf = _MF(bands, buffers, max_participations, min_separation)
     check_options({"--noise-multiplier": noise_multiplier, "--population": population, "--batch": batch, "--steps": steps, "--delta": delta,
-                   "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps})
+                   "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
     if (delta is None) == (epsilon is None):
         raise PrivacyParameterError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
-    note = _delta_vs_population(delta, population, unit, allow_large_delta)
-    ev = _event(event, noise_multiplier, population, batch, steps, shards, micro_steps, unit)
+    note = _delta_vs_population(delta, population, _CORRELATED_EVENTS[event][1] if event in _CORRELATED_EVENTS else unit, allow_large_delta)
+    ev = _event(event, noise_multiplier, population, batch, steps, shards, micro_steps, unit, mf)
     answers = []
     for acc in _accountants(ev, accountant):
         ans = epsilon_for(ev, delta, acc) if delta is not None else delta_for(ev, epsilon, acc)  # type: ignore[arg-type]
@@ -237,14 +300,19 @@ def calibrate_cmd(
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="rdp or pld."),
     as_json: bool = _JSON,
     allow_large_delta: bool = _ALLOW,
+    bands: Optional[int] = _BANDS,
+    buffers: Optional[int] = _BUFFERS,
+    max_participations: Optional[int] = _MAXP,
+    min_separation: Optional[int] = _MINSEP,
 ) -> None:
     """The smallest noise multiplier (per draw) that reaches --target-epsilon at --delta (bisection)."""
+    mf = _MF(bands, buffers, max_participations, min_separation)
     check_options({"--target-epsilon": target_epsilon, "--delta": delta, "--population": population, "--batch": batch, "--steps": steps,
-                   "--shards": shards, "--micro-steps": micro_steps})
-    note = _delta_vs_population(delta, population, unit, allow_large_delta)
+                   "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
+    note = _delta_vs_population(delta, population, _CORRELATED_EVENTS[event][1] if event in _CORRELATED_EVENTS else unit, allow_large_delta)
     if accountant is Accountant.all:
         raise PrivacyParameterError("--accountant: calibrate against one accountant, rdp or pld")
-    template = _event(event, 1.0, population, batch, steps, shards, micro_steps, unit)
+    template = _event(event, 1.0, population, batch, steps, shards, micro_steps, unit, mf)
     _accountants(template, accountant)
     sigma, ans = calibrate_noise_multiplier(template, target_epsilon, delta, accountant.value)  # type: ignore[arg-type]
     _print_answers([ans.to_json()], as_json, {"event": event.value, "calibrated_noise_multiplier": sigma, **note})
@@ -265,8 +333,8 @@ def batch_sweep_cmd(
     allow_large_delta: bool = _ALLOW,
 ) -> None:
     """Scale sigma with sqrt(B) from (B0, sigma0) and show the epsilon of each batch size."""
-    if event is Event.no_sampling or accountant is Accountant.all:
-        raise PrivacyParameterError("batch-sweep needs a sampled --event and one --accountant (rdp or pld)")
+    if event is Event.no_sampling or event in _CORRELATED_EVENTS or accountant is Accountant.all:
+        raise PrivacyParameterError("batch-sweep needs a sampled Gaussian --event and one --accountant (rdp or pld)")
     try:
         sizes = [float(b) for b in batches.split(",") if b.strip()]
     except ValueError:

@@ -95,7 +95,7 @@ class VectorizedEngine:
         steps = self.setup.local_steps_of(cohort)
         buckets = np.array([next_power_of_two(int(x)) for x in np.maximum(steps, 1)], np.int64)
         n = len(cohort)
-        scan_width = min(self.chunk, n if f.sampling == "fixed" else next_power_of_two(max(n, 1)))
+        scan_width = min(self.chunk, n if f.sampling != "poisson" else next_power_of_two(max(n, 1)))
         out = []
         for b in np.unique(buckets):
             group = cohort[buckets == b]

@@ -216,6 +216,12 @@ def _relation_enum(relation: str) -> dp_accounting.NeighboringRelation:
     return dp_accounting.NeighboringRelation.REPLACE_ONE if relation == REPLACE_ONE else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
+def _events(events) -> list:
+    """A list of events from one event (a :class:`GaussianSteps`, or a correlated-noise event of
+    :mod:`fedpriv.privacy.correlated`, which has the same interface) or a list of them."""
+    return list(events) if isinstance(events, (list, tuple)) else [events]
+
+
 def common_relation(events: list[GaussianSteps]) -> str:
     """The one neighbouring relation of a composition (mixing relations is refused)."""
     _check(len(events) > 0, "nothing to account: no steps recorded")
@@ -253,11 +259,15 @@ class PLDTooCostly(PrivacyParameterError):
 def check_pld_cost(events: list[GaussianSteps]) -> None:
     """Refuse (PLDTooCostly) a PLD computation outside PLD_MIN_NOISE and PLD_MAX_EPSILON."""
     for e in events:
-        z = e.effective_noise_multiplier / e.sensitivity_in_clip_norms / (math.sqrt(e.steps) if e.sampling == "none" else 1.0)
-        least = PLD_MIN_NOISE_UNSAMPLED if e.sampling == "none" else PLD_MIN_NOISE
+        single = getattr(e, "gaussian_multiplier", None)  # a correlated-noise run: one unsampled Gaussian
+        if single is not None:
+            z, least = single, PLD_MIN_NOISE_UNSAMPLED
+        else:
+            z = e.effective_noise_multiplier / e.sensitivity_in_clip_norms / (math.sqrt(e.steps) if e.sampling == "none" else 1.0)
+            least = PLD_MIN_NOISE_UNSAMPLED if e.sampling == "none" else PLD_MIN_NOISE
         if z < least:
             raise PLDTooCostly(f"the PLD accountant is bounded to noise multipliers >= {least} per unit of sensitivity here (got {z:.3g}: its grid would take minutes and gigabytes); use the RDP accountant")
-    sampled = [e for e in events if e.sampling != "none"]
+    sampled = [e for e in events if e.sampling not in ("none", "cyclic")]
     rdp = epsilon_for(sampled, 1e-5, "rdp").epsilon if sampled else 0.0
     if rdp > PLD_MAX_EPSILON:
         raise PLDTooCostly(f"the PLD accountant is bounded to guarantees with RDP epsilon <= {PLD_MAX_EPSILON:g} at delta 1e-5 (got {rdp:.4g}: its grid would take minutes and gigabytes); use the RDP accountant")
@@ -272,6 +282,8 @@ def _summary(events: list[GaussianSteps]) -> dict:
         notes.append("replace-one: the clipped sum's sensitivity is 2C, accounted as noise multiplier sigma/2")
     if any(e.noised_shards * e.noised_micro_steps > 1 for e in events):
         notes.append("noise drawn on P shards x T micro-steps: effective multiplier sigma*sqrt(P*T) (Hoory et al. 2021, eq. 3)")
+    for e in events:
+        notes.extend(n for n in (e.notes() if hasattr(e, "notes") else ()) if n not in notes)
     if len({e.with_steps(1) for e in events}) > 1:
         notes.append(f"composition of {len(events)} runs with different parameters")
     return dict(
@@ -287,7 +299,7 @@ def _summary(events: list[GaussianSteps]) -> dict:
 
 def epsilon_for(events: list[GaussianSteps] | GaussianSteps, delta: float, accountant: AccountantName = "rdp") -> PrivacyAnswer:
     """epsilon at ``delta`` for the composition of ``events``."""
-    events = [events] if isinstance(events, GaussianSteps) else list(events)
+    events = _events(events)
     check_delta(delta)
     acc = _accountant(events, accountant)
     if accountant == "rdp":
@@ -298,7 +310,7 @@ def epsilon_for(events: list[GaussianSteps] | GaussianSteps, delta: float, accou
 
 def delta_for(events: list[GaussianSteps] | GaussianSteps, epsilon: float, accountant: AccountantName = "rdp") -> PrivacyAnswer:
     """delta at ``epsilon`` for the composition of ``events``."""
-    events = [events] if isinstance(events, GaussianSteps) else list(events)
+    events = _events(events)
     check_epsilon(epsilon)
     acc = _accountant(events, accountant)
     if accountant == "rdp":
@@ -308,7 +320,7 @@ def delta_for(events: list[GaussianSteps] | GaussianSteps, epsilon: float, accou
 
 
 def available_accountants(events: list[GaussianSteps] | GaussianSteps) -> list[str]:
-    events = [events] if isinstance(events, GaussianSteps) else list(events)
+    events = _events(events)
     return ["rdp", "pld"] if supports_pld(events) else ["rdp"]
 
 

@@ -14,6 +14,10 @@ Assumptions behind the privacy claim (the accountant, not this module, turns the
 * ``mask`` / ``weights`` mark padded units with 0 (Poisson sampling with fixed shapes pads the
   sample); a masked unit contributes exactly nothing, whatever its values.
 
+Correlated noise (banded MF, BLT: :mod:`fedpriv.privacy.correlated`) is the same aggregation with
+the i.i.d. draw replaced by row t of C^-1 Z (:func:`correlated_noise_and_normalize`); the
+accountant, not this module, turns its sensitivity into epsilon.
+
 Everything here is pure and jittable except the ``check_*`` validators, which are plain Python
 and must run before training. The statistics in :class:`AggregateInfo` other than
 ``noise_stddev`` and ``clip_norm`` are computed WITHOUT noise: diagnostics, not private outputs.
@@ -168,6 +172,34 @@ def noise_and_normalize(clipped_sum_tree: PyTree, key: jax.Array, clip_norm, noi
     """
     noised = add_gaussian_noise(clipped_sum_tree, key, _noise_stddev(clip_norm, noise_multiplier))
     return jax.tree_util.tree_map(lambda x: x / jnp.asarray(denominator, x.dtype), noised)
+
+
+def init_noise_state(noising_matrix, like: PyTree) -> PyTree:
+    """The empty state of a correlated-noise ``noising_matrix`` (a jax-privacy ``StreamingMatrix``,
+    C^-1) for sums shaped like ``like`` (e.g. the parameters): its bands or buffers, zeros."""
+    zeros = jax.tree_util.tree_map(lambda x: jnp.zeros(jnp.shape(x), _float_dtype(jnp.result_type(x))), like)
+    return noising_matrix.init_multiply(zeros)
+
+
+def correlated_noise_and_normalize(clipped_sum_tree: PyTree, key: jax.Array, clip_norm, noise_multiplier, denominator, noising_matrix, noise_state: PyTree) -> tuple[PyTree, PyTree]:
+    """(clipped_sum + (C^-1 Z)_t) / denominator, and the next noise state: correlated noise.
+
+    Z_t is this step's i.i.d. N(0, (z*C)^2) draw, the very draw :func:`noise_and_normalize` adds
+    for ``key`` (one key per leaf, split in ``tree_flatten`` order); ``noising_matrix`` (C^-1, a
+    jax-privacy ``StreamingMatrix``) turns the stream Z_1, Z_2, ... into row t of C^-1 Z, keeping
+    ``noise_state`` (its bands or buffers: :func:`init_noise_state`) between steps. With C = I
+    (banded MF, one band) the result is :func:`noise_and_normalize`'s, float for float.
+    """
+    std = _noise_stddev(clip_norm, noise_multiplier)
+    leaves, treedef = jax.tree_util.tree_flatten(clipped_sum_tree)
+    keys = jax.random.split(key, len(leaves))
+    draws = []
+    for k, leaf in zip(keys, leaves):
+        dtype = _float_dtype(leaf.dtype)
+        draws.append(jnp.asarray(std, dtype) * jax.random.normal(k, leaf.shape, dtype))
+    noise, noise_state = noising_matrix.multiply_next(jax.tree_util.tree_unflatten(treedef, draws), noise_state)
+    noised = [leaf.astype(_float_dtype(leaf.dtype)) + n.astype(_float_dtype(leaf.dtype)) for leaf, n in zip(leaves, treedef.flatten_up_to(noise))]
+    return jax.tree_util.tree_map(lambda x: x / jnp.asarray(denominator, x.dtype), jax.tree_util.tree_unflatten(treedef, noised)), noise_state
 
 
 def clip_and_noise(

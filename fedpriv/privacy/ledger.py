@@ -23,6 +23,7 @@ from fedpriv.privacy.accounting import (
     delta_for,
     epsilon_for,
 )
+from fedpriv.privacy.correlated import CorrelatedSteps
 
 _FORMAT = "fedpriv-privacy-ledger"
 
@@ -30,12 +31,12 @@ _FORMAT = "fedpriv-privacy-ledger"
 class PrivacyLedger:
     """An append-only record of the DP events of one training run."""
 
-    def __init__(self, entries: list[GaussianSteps] | None = None):
-        self.entries: list[GaussianSteps] = []
+    def __init__(self, entries: list[GaussianSteps | CorrelatedSteps] | None = None):
+        self.entries: list[GaussianSteps | CorrelatedSteps] = []
         for e in entries or []:
             self.record(e)
 
-    def record(self, event: GaussianSteps) -> None:
+    def record(self, event: GaussianSteps | CorrelatedSteps) -> None:
         """Append ``event`` (its ``steps`` steps); merges with the last entry when the mechanism is the same.
         Refuses an event whose neighbouring relation or unit differs from the ledger's."""
         if self.entries:
@@ -78,12 +79,13 @@ class PrivacyLedger:
         if not isinstance(obj, dict) or obj.get("format") != _FORMAT or not isinstance(obj.get("entries"), list):
             raise DataFormatError(path, None, "not a fedpriv privacy ledger")
         names = {f.name for f in fields(GaussianSteps)}
+        correlated = {f.name for f in fields(CorrelatedSteps)}
         entries = []
         for i, raw in enumerate(obj["entries"]):
-            if not isinstance(raw, dict) or set(raw) != names:
-                raise DataFormatError(path, f"entry {i}", f"expected the keys {sorted(names)}")
+            if not isinstance(raw, dict) or set(raw) not in (names, correlated):
+                raise DataFormatError(path, f"entry {i}", f"expected the keys {sorted(names)} (or, correlated noise, {sorted(correlated)})")
             try:
-                entries.append(GaussianSteps(**raw))
+                entries.append(GaussianSteps(**raw) if set(raw) == names else CorrelatedSteps.from_json(raw))
             except (FedprivError, TypeError, ValueError) as e:
                 raise DataFormatError(path, f"entry {i}", f"not a mechanism ({e})") from None
         return cls(entries)

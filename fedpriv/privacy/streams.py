@@ -19,7 +19,7 @@ Why the streams cannot meet (what ``tests/privacy/test_streams.py`` checks):
   ``split(key(seed))`` that :mod:`fedpriv.training.loop` has always used (initial parameters; step
   keys), and no other stream may take them, nor any small integer a user, token or step index
   would reach. The older ids (0xC11E, 0xE4B1, 0x4015E) are kept so that every simulation's keys
-  are unchanged; the privatization streams are above 2**31, beyond any index of a run.
+  are unchanged; the privatization and correlated-noise streams are above 2**31, beyond any index of a run.
 
 Ids are uint32. ``numpy`` generators (cohort and batch sampling, canary planting) draw from
 ``default_rng([seed, STREAM, ...])`` entropy lists, a separate name space (:data:`NUMPY_STREAMS`).
@@ -66,8 +66,11 @@ PRIVATIZE = Stream("privatize", 0x8D15_0001, "user index (corpus order), then to
 LOCAL_INPUTS = Stream(
     "local_inputs", 0x8D15_0002, "the example's 64-bit content hash as two uint32 words, then piece position (user-side M_txt of BERT inputs)", "tasks/local_inputs.py LocalInputs.fixed"
 )
+CORRELATED_NOISE = Stream(
+    "correlated_noise", 0xC04E_0001, "step (DP-SGD) or round (DP-FedAvg): the i.i.d. draw Z_t that C^-1 correlates (banded MF, BLT)", "central/dpsgd.py; strategies/server.py"
+)
 
-STREAMS: tuple[Stream, ...] = (INIT, STEP, CLIENT, AUDIT_CANARY, DP_FEDAVG, PRIVATIZE, LOCAL_INPUTS)
+STREAMS: tuple[Stream, ...] = (INIT, STEP, CLIENT, AUDIT_CANARY, DP_FEDAVG, PRIVATIZE, LOCAL_INPUTS, CORRELATED_NOISE)
 
 #: numpy ``default_rng([seed, id, ...])`` streams (their own name space, not jax keys).
 NUMPY_STREAMS: dict[str, int] = {
@@ -76,6 +79,7 @@ NUMPY_STREAMS: dict[str, int] = {
     "client batch order (clients/data.py)": 0x5EED_C11E,
     "client-side DP-SGD step plans (clients/privacy.py)": 0x5EED_D95D,
     "canary planting (memorization/canaries.py)": 0xCA7A,
+    "cyclic schedule of correlated noise (privacy/correlated.py)": 0xC1C1E,
     "audit canaries (memorization/empirical.py)": 0xE4B1,
     "random sampling test (memorization/random_sampling.py)": 0x5A3D,
     "extraction test (memorization/extraction.py)": 0xE8A7,

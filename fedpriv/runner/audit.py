@@ -201,11 +201,12 @@ def run_delta(cfg: ExperimentConfig) -> float | None:
 
 
 def run_sampling(cfg: ExperimentConfig) -> str | None:
-    """The sampling of the run's DP mechanism (DP-SGD's, or DP-FedAvg's cohorts), or None."""
+    """The sampling of the run's DP mechanism (DP-SGD's, or DP-FedAvg's cohorts; "cyclic" for
+    correlated noise), or None."""
     if cfg.privacy is not None:
-        return cfg.privacy.sampling
+        return "cyclic" if cfg.privacy.mechanism != "gaussian" else cfg.privacy.sampling
     if cfg.federated is not None and cfg.federated.dp is not None:
-        return cfg.federated.sampling
+        return "cyclic" if cfg.federated.dp.mechanism != "gaussian" else cfg.federated.sampling
     return None
 
 

@@ -7,6 +7,7 @@ compositions (:func:`fedpriv.strategies.server.make_aggregator`)::
     FedAvg+Clip   ClippedMean(S, m)                               sum(clip_S(d_i)) / m
     DP-FedAvg     GaussianNoise(ClippedMean(S, m), z)             (sum(clip_S(d_i)) + N(0, (zS)^2)) / m
                   AdaptiveClipping(GaussianNoise(...), gamma, eta, sigma_b)
+                  CorrelatedNoise(ClippedMean(S, m), z, C^-1)     (sum(clip_S(d_i)) + (C^-1 Z)_r) / m   (banded MF, BLT)
                                                                   S follows the gamma-quantile of the norms
 
 m is public: the fixed round size, or the expected q*N under Poisson sampling, never the realized
@@ -32,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.privacy.adaptive_clip import AdaptiveClipState, adaptive_noise_and_update, init_adaptive_clip
-from fedpriv.privacy.aggregate import clipped_sum, noise_and_normalize
+from fedpriv.privacy.aggregate import clipped_sum, correlated_noise_and_normalize, init_noise_state, noise_and_normalize
 from fedpriv.tasks.base import Params
 
 
@@ -163,6 +164,38 @@ class GaussianNoise:
         return self.inner.finish(state, acc, key, self.noise_multiplier)
 
 
+class CorrelatedNoise:
+    """DP-FedAvg with correlated noise: ``inner``'s clipped sum plus row r of C^-1 Z (Z_r i.i.d.
+    N(0, (z S)^2) per coordinate), then / m; C^-1 (``noising_matrix``, a jax-privacy
+    ``StreamingMatrix``) keeps its bands or buffers in the server state's ``noise``."""
+
+    weighted = False
+
+    def __init__(self, inner: ClippedMean, noise_multiplier: float, noising_matrix: Any):
+        self.inner = inner
+        self.noise_multiplier = float(noise_multiplier)
+        matrix = noising_matrix
+        self._finish = jax.jit(lambda total, key, clip, z, denominator, state: correlated_noise_and_normalize(total, key, clip, z, denominator, matrix, state))
+        self._init_noise = lambda params: init_noise_state(matrix, params)
+
+    def init(self) -> Any:
+        return self.inner.init()
+
+    def init_noise(self, params: Params) -> Any:
+        return self._init_noise(params)
+
+    def clip_norm(self, state: Any) -> float:
+        return self.inner.clip_norm(state)
+
+    def finish_correlated(self, state: Any, acc: DeltaAccumulator, key: jax.Array, noise_state: Any) -> tuple[Params, Any, Any, dict[str, Any]]:
+        """(average, clip state, next noise state, info)."""
+        mean = self.inner
+        S = mean.clip_norm(state)
+        info = mean.clip_info(acc, S)
+        average, noise_state = self._finish(acc.total, key, S, self.noise_multiplier, mean.denominator, noise_state)
+        return average, state, noise_state, {**info, "iid_noise_stddev": self.noise_multiplier * S / mean.denominator}
+
+
 class AdaptiveClipping:
     """``inner`` (a :class:`GaussianNoise`) with S adapted each round toward the
     ``target_quantile`` of the delta norms from a noised unclipped count (Andrew et al. 2021);
@@ -194,4 +227,4 @@ class AdaptiveClipping:
         return average, state, {**info, "noise_stddev": z_delta * S / mean.denominator}
 
 
-Aggregator = WeightedMean | ClippedMean | GaussianNoise | AdaptiveClipping
+Aggregator = WeightedMean | ClippedMean | GaussianNoise | CorrelatedNoise | AdaptiveClipping

@@ -13,6 +13,11 @@ m of N without replacement) is accounted under the replace-one-user relation (se
 Poisson sampling (each user with q = m/N) under add-or-remove-one-user (sensitivity S). The
 run's :class:`~fedpriv.privacy.budget.DPBudget` (the same as DP-SGD's) resolves z, records one
 event per round, stops at the epsilon budget and reports the guarantee.
+
+Correlated noise (``federated.dp.mechanism = "banded-mf"`` or ``"blt"``): the cohort of round r is
+the fixed group r mod b of a :class:`~fedpriv.privacy.correlated.CyclicSchedule` (b = N // m
+groups of m users), the noise is row r of C^-1 Z (Z_r from the ``correlated_noise`` stream), C^-1's
+state is the server state's ``noise``, and the run is accounted as one Gaussian mechanism.
 """
 
 from __future__ import annotations
@@ -26,8 +31,9 @@ import optax
 from fedpriv.config import FederatedConfig
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.budget import DPBudget
-from fedpriv.privacy.streams import DP_FEDAVG, NoiseSeed, stream_key
-from fedpriv.strategies.aggregators import AdaptiveClipping, Aggregator, ClippedMean, DeltaAccumulator, GaussianNoise, WeightedMean
+from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
+from fedpriv.privacy.streams import CORRELATED_NOISE, DP_FEDAVG, NoiseSeed, stream_key
+from fedpriv.strategies.aggregators import AdaptiveClipping, Aggregator, ClippedMean, CorrelatedNoise, DeltaAccumulator, GaussianNoise, WeightedMean
 from fedpriv.strategies.sampling import CohortSampler
 from fedpriv.tasks.base import Params
 from fedpriv.training.optimizers import make_optimizer
@@ -36,13 +42,16 @@ NOISE_STREAM = DP_FEDAVG.id
 STRATEGY_LABELS = {"fedavg": "FedAvg", "fedavg-clip": "FedAvg+Clip", "dp-fedavg": "DP-FedAvg"}
 
 
-def make_aggregator(fcfg: FederatedConfig, m: int, noise_multiplier: float) -> Aggregator:
-    """The composition a strategy names (see :mod:`fedpriv.strategies.aggregators`)."""
+def make_aggregator(fcfg: FederatedConfig, m: int, noise_multiplier: float, noising_matrix=None) -> Aggregator:  # noqa: ANN001
+    """The composition a strategy names (see :mod:`fedpriv.strategies.aggregators`);
+    ``noising_matrix``: C^-1 of a correlated-noise mechanism (``federated.dp.mechanism``)."""
     if fcfg.strategy == "fedavg":
         return WeightedMean()
     mean = ClippedMean(fcfg.clip_norm, float(m))
     if fcfg.strategy == "fedavg-clip":
         return mean
+    if noising_matrix is not None:
+        return CorrelatedNoise(mean, noise_multiplier, noising_matrix)
     noised = GaussianNoise(mean, noise_multiplier)
     dp = fcfg.dp
     if not dp.adaptive_clip:
@@ -65,17 +74,32 @@ class ServerCore:
         self.noise = noise if noise is not None else NoiseSeed.simulation(seed)
         self.population = population
         self.strategy = fcfg.strategy
-        self.sampler = CohortSampler(population, fcfg.clients_per_round, fcfg.sampling, self.noise.entropy)
+        d = fcfg.dp
+        self.correlated = d is not None and d.mechanism != "gaussian"
+        self.noising_matrix = None
+        if self.correlated:  # correlated noise: users in fixed groups of m, group r mod b in round r
+            self.sampler = CyclicSchedule(population, fcfg.clients_per_round, fcfg.rounds, self.noise.entropy, "user")
+            self.sampler.check("federated.dp", d.max_participations, d.min_separation)
+        else:
+            self.sampler = CohortSampler(population, fcfg.clients_per_round, fcfg.sampling, self.noise.entropy)
         self.m = self.sampler.m
         self.tx = make_optimizer(fcfg.server_optimizer, fcfg.server_learning_rate, fcfg.server_momentum)
         self.budget: DPBudget | None = None
-        if fcfg.dp is not None:
-            d = fcfg.dp
-            template = GaussianSteps(fcfg.sampling, 1.0, population, float(self.m), fcfg.rounds, "user")
+        if d is not None:
+            if self.correlated:
+                strategy = make_strategy(d.mechanism, d.bands or 1, d.buffers or 4)
+                self.noising_matrix = strategy.noising_matrix()
+                template = CorrelatedSteps.of(strategy, 1.0, self.sampler)
+                (log or (lambda _m: None))(
+                    f"{strategy.describe()}: {self.sampler.groups} groups of {self.m} users, one per round (k = {self.sampler.max_participations}, "
+                    f"b = {self.sampler.groups}); noise state: {strategy.memory} model-sized buffer(s)"
+                )
+            else:
+                template = GaussianSteps(fcfg.sampling, 1.0, population, float(self.m), fcfg.rounds, "user")
             self.budget = DPBudget(template, d.noise_multiplier, d.target_epsilon, d.delta, d.accountant, d.epsilon_budget, "federated.dp", "round", log, self.noise.note())
         self.noise_multiplier = self.budget.noise_multiplier if self.budget is not None else 0.0
-        self.aggregator = make_aggregator(fcfg, self.m, self.noise_multiplier)
-        self.noise_base = stream_key(self.noise.root, DP_FEDAVG)
+        self.aggregator = make_aggregator(fcfg, self.m, self.noise_multiplier, self.noising_matrix)
+        self.noise_base = stream_key(self.noise.root, CORRELATED_NOISE if self.correlated else DP_FEDAVG)
         tx = self.tx
 
         def apply(params, opt_state, average):
@@ -87,7 +111,11 @@ class ServerCore:
 
     # ---- state ---------------------------------------------------------------------------------
     def init_state(self, params: Params) -> dict:
-        return {"params": params, "opt": self.tx.init(params), "clip": self.aggregator.init()}
+        """``{"params", "opt", "clip"}``; with correlated noise also ``noise`` (C^-1's bands or buffers)."""
+        state = {"params": params, "opt": self.tx.init(params), "clip": self.aggregator.init()}
+        if self.correlated:
+            state["noise"] = self.aggregator.init_noise(params)
+        return state
 
     def current_clip(self, state: dict) -> float:
         """S of this round (inf for FedAvg, which clips nothing)."""
@@ -108,7 +136,12 @@ class ServerCore:
     def finish_round(self, state: dict, round_: int, acc: DeltaAccumulator) -> tuple[dict, dict[str, Any]]:
         """Aggregate the accumulated deltas, apply them; record the round's privacy."""
         key = jax.random.fold_in(self.noise_base, round_)
-        average, clip_state, info = self.aggregator.finish(state["clip"], acc, key)
+        extra = {}
+        if self.correlated:
+            average, clip_state, noise_state, info = self.aggregator.finish_correlated(state["clip"], acc, key, state["noise"])
+            extra = {"noise": noise_state}
+        else:
+            average, clip_state, info = self.aggregator.finish(state["clip"], acc, key)
         if average is None:
             return state, info
         if self.budget is not None:
@@ -116,7 +149,7 @@ class ServerCore:
         if self.fcfg.dp is not None or self.fcfg.client_dp is not None:  # public: what divergence checks read in a DP run
             info = {**info, "noised_update_norm": float(optax.tree.norm(average))}
         params, opt = self._apply(state["params"], state["opt"], average)
-        return {"params": params, "opt": opt, "clip": clip_state}, info
+        return {"params": params, "opt": opt, "clip": clip_state, **extra}, info
 
     # ---- privacy ---------------------------------------------------------------------------------
     def privacy_report(self) -> dict[str, Any]:

@@ -116,3 +116,59 @@ def test_the_validator_knows_every_numeric_option_of_every_privacy_command():
         if isinstance(p.type, (click.types.IntParamType, click.types.FloatParamType))
     } | {"--batches"}
     assert numeric == set(OPTION_RANGES)
+
+
+def _direct_epsilon(coefs, population, batch, steps, z, delta, accountant):
+    """jax-privacy's min-separation sensitivity and dp_accounting's Gaussian, by hand."""
+    import math
+
+    import dp_accounting
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax_privacy.matrix_factorization import toeplitz
+
+    from fedpriv.privacy.accounting import PLD_DISCRETIZATION, RDP_ORDERS
+
+    b = population // batch
+    c = np.zeros(steps)
+    c[: min(steps, len(coefs))] = np.asarray(coefs, np.float64)[:steps]
+    with jax.enable_x64(True):
+        sq = float(toeplitz.minsep_sensitivity_squared(jnp.asarray(c), b, math.ceil(steps / b), n=steps))
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION) if accountant == "PLD" else dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS))
+    acc.compose(dp_accounting.GaussianDpEvent(z / math.sqrt(sq)))
+    return acc.get_epsilon(delta)
+
+
+def test_banded_mf_epsilon_equals_jax_privacy_and_dp_accounting(capsys):
+    import jax.numpy as jnp
+    import numpy as np
+    from jax_privacy.matrix_factorization import toeplitz
+
+    argv = ["privacy", "epsilon", "-e", "banded-mf-fedavg", "--bands", "4", "-z", "2.5", "-N", "5000", "-B", "100", "--steps", "120", "--delta", "1e-6", "--json"]
+    assert main([*argv, "--max-participations", "3", "--min-separation", "50"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    coefs = np.asarray(toeplitz.optimal_max_error_strategy_coefs(4), np.float64)
+    coefs /= np.linalg.norm(coefs)
+    for a in out["answers"]:
+        assert a["epsilon"] == pytest.approx(_direct_epsilon(coefs, 5000, 100, 120, 2.5, 1e-6, a["accountant"]), rel=1e-12)
+        assert a["relation"] == "zero-out-one" and "k = 3" in a["sampling"] and "b = 50" in a["sampling"]
+    assert sorted(a["accountant"] for a in out["answers"]) == ["PLD", "RDP"]
+    assert main([*argv, "--max-participations", "2"]) == 2  # 120 rounds over 50 groups: some user takes part 3 times
+    err = capsys.readouterr().err
+    assert err.startswith("fedpriv: error: --max-participations = 2: 120 steps over 50 groups of 100") and err.count("\n") == 1
+
+
+@pytest.mark.slow
+def test_blt_epsilon_and_calibration_equal_jax_privacy_and_dp_accounting(capsys):
+    import jax
+    import numpy as np
+    from jax_privacy.matrix_factorization import buffered_toeplitz
+
+    assert main(["privacy", "calibrate", "-e", "blt-dpsgd", "--target-epsilon", "8", "--delta", "1e-5", "-N", "48700", "-B", "1000", "--steps", "100", "--accountant", "pld", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    z = out["calibrated_noise_multiplier"]
+    with jax.enable_x64(True):
+        coefs = np.asarray(buffered_toeplitz.BufferedToeplitz.from_rational_approx_to_sqrt_x(4).toeplitz_coefs(100), np.float64)
+    assert _direct_epsilon(coefs, 48700, 1000, 100, z, 1e-5, "PLD") <= 8.0 < _direct_epsilon(coefs, 48700, 1000, 100, z * 0.999, 1e-5, "PLD")
+    assert out["answers"][0]["epsilon"] == pytest.approx(_direct_epsilon(coefs, 48700, 1000, 100, z, 1e-5, "PLD"), rel=1e-9)

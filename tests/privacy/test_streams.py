@@ -11,7 +11,7 @@ import pytest
 
 from fedpriv.data.examples import TextExample
 from fedpriv.privacy.local.embeddings import EmbeddingSpace
-from fedpriv.privacy.streams import AUDIT_CANARY, CLIENT, DP_FEDAVG, INIT, LOCAL_INPUTS, PRIVATIZE, STEP, STREAMS, secret_root, secret_root_from, stream_key
+from fedpriv.privacy.streams import AUDIT_CANARY, CLIENT, CORRELATED_NOISE, DP_FEDAVG, INIT, LOCAL_INPUTS, PRIVATIZE, STEP, STREAMS, secret_root, secret_root_from, stream_key
 
 #: The most users, steps/rounds, tokens per user and canaries a run can reach (issue 30).
 MAX_USERS, MAX_STEPS = 10**7, 10**7
@@ -50,6 +50,22 @@ def test_every_mechanism_draws_from_its_own_stream():
     assert data(privatize_root(seed)) == data(stream_key(seed, PRIVATIZE))
 
 
+def test_correlated_noise_keys_are_their_own_stream():
+    """banded MF / BLT draw Z_r from fold_in(stream_key(seed, CORRELATED_NOISE), r), on both sides."""
+    from fedpriv.config import FederatedConfig
+    from fedpriv.strategies.server import ServerCore
+
+    fed = FederatedConfig(strategy="dp-fedavg", rounds=3, clients_per_round=2, clip_norm=1.0, dp={"mechanism": "banded-mf", "bands": 2, "noise_multiplier": 1.0, "delta": 1e-5})
+    core = ServerCore(fed, population=10, seed=3)
+    assert data(core.noise_base) == data(stream_key(3, CORRELATED_NOISE)) != data(stream_key(3, DP_FEDAVG))
+    import inspect
+
+    from fedpriv.central import dpsgd
+
+    src = inspect.getsource(dpsgd.DPSGDStepper)
+    assert "stream_key(self.noise.root, CORRELATED_NOISE)" in src and "fold_in(self.correlated_key, step)" in src
+
+
 def test_server_noise_key_is_the_dp_fedavg_stream():
     from fedpriv.config import FederatedConfig
     from fedpriv.strategies.server import ServerCore
@@ -70,7 +86,7 @@ def test_streams_are_disjoint_for_every_reachable_index():
     # The ids below 1e7 are the legacy ones a simulation's keys were always drawn from; no
     # mechanism folds a user, step or token into the root itself any more, so these are reached
     # only as stream ids. The privatization stream sits above every index a run can reach.
-    assert min(PRIVATIZE.id, LOCAL_INPUTS.id) >= max(MAX_USERS, MAX_STEPS)
+    assert min(PRIVATIZE.id, LOCAL_INPUTS.id, CORRELATED_NOISE.id) >= max(MAX_USERS, MAX_STEPS)
     root = jax.random.key(0)
     idx = jnp.arange(2000, dtype=jnp.uint32)
     first = {data(stream_key(root, s)) for s in STREAMS}
@@ -87,9 +103,9 @@ def test_the_old_privatize_scheme_is_what_this_check_catches():
     """The disjointness check above can fail: privatize's old keys ``fold_in(key(seed), user)``
     reach every first-level value below the number of users, hence every legacy stream id."""
     old_first_level = range(MAX_USERS)
-    simulation_streams = [s for s in STREAMS if s not in (PRIVATIZE, LOCAL_INPUTS)]
+    simulation_streams = [s for s in STREAMS if s not in (PRIVATIZE, LOCAL_INPUTS, CORRELATED_NOISE)]
     assert len(simulation_streams) == 5 and all(s.id in old_first_level for s in simulation_streams)
-    assert PRIVATIZE.id not in old_first_level and LOCAL_INPUTS.id not in old_first_level
+    assert all(s.id not in old_first_level for s in (PRIVATIZE, LOCAL_INPUTS, CORRELATED_NOISE))
 
 
 @pytest.mark.slow

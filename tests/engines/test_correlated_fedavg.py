@@ -1,0 +1,77 @@
+"""DP-FedAvg with correlated noise (federated.dp.mechanism = blt): the cyclic cohorts, the
+guarantee, a bitwise resume after a kill, and the config's refusals."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from federated_helpers import leaves_max_diff, write_config
+
+from fedpriv.config import FederatedConfig, load_config
+from fedpriv.engines.setup import FederatedSetup
+from fedpriv.engines.vectorized import run_vectorized
+from fedpriv.errors import ConfigError, PrivacyParameterError
+from fedpriv.runner.prepare import prepare
+
+BLT = 'strategy = "dp-fedavg"\nclip_norm = 0.3\ndp = { mechanism = "blt", buffers = 2, target_epsilon = 8.0, delta = 1e-3 }\nserver_optimizer = "momentum"'
+
+
+@pytest.mark.slow
+def test_blt_dp_fedavg_trains_and_resumes_bitwise(tmp_path):
+    cfg = write_config(tmp_path, extra=BLT)
+    full = run_vectorized(prepare(cfg), tmp_path / "full")
+    part = run_vectorized(prepare(cfg), tmp_path / "cut", stop_after=1)
+    assert part.done == 1
+    resumed = run_vectorized(prepare(cfg), tmp_path / "cut")
+    assert resumed.done == 3
+    assert leaves_max_diff(full.params, resumed.params) == 0.0
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "round_seconds"} for x in p.read_text().splitlines()]  # noqa: E731
+    assert strip(tmp_path / "full" / "metrics.jsonl") == strip(tmp_path / "cut" / "metrics.jsonl")
+    rows = [r for r in full.history if r["split"] == "train"]
+    assert 7.99 < rows[-1]["epsilon"] <= 8.0 and rows[0]["epsilon"] < rows[-1]["epsilon"]
+    assert all("user-level, zero-out-one user; BLT, 2 buffer(s)" in r["guarantee"] and "fixed groups of 6" in r["guarantee"] for r in rows)
+
+
+def test_cohorts_are_the_cyclic_groups(tmp_path):
+    setup = FederatedSetup(prepare(write_config(tmp_path, extra=BLT.replace('mechanism = "blt", buffers = 2, target_epsilon = 8.0', 'mechanism = "banded-mf", bands = 1, noise_multiplier = 1.0'))))
+    core = setup.core
+    b = core.sampler.groups
+    assert b == core.population // 6
+    cohorts = [core.sampler.sample(r) for r in range(1, b + 2)]
+    assert all(len(c) == 6 for c in cohorts)
+    assert len(set(np.concatenate(cohorts[:b]).tolist())) == 6 * b  # every group once in b rounds
+    assert np.array_equal(cohorts[0], cohorts[b])  # then again
+
+
+@pytest.mark.parametrize(
+    "fed, message",
+    [
+        (dict(sampling="poisson"), "runs the cyclic cohort schedule it is accounted for .* not 'poisson' sampling; set sampling = 'cyclic' or drop it"),
+        (dict(sampling="cyclic", dp={"noise_multiplier": 1.0, "delta": 1e-5}), "sampling = 'cyclic' is the cohort schedule of the correlated-noise mechanisms"),
+        (dict(dp={"mechanism": "blt", "noise_multiplier": 1.0, "delta": 1e-5, "adaptive_clip": True}), "adaptive_clip is not supported"),
+        (dict(dp={"mechanism": "banded-mf", "noise_multiplier": 1.0, "delta": 1e-5}), "needs bands"),
+        (dict(dp={"mechanism": "gaussian", "bands": 2, "noise_multiplier": 1.0, "delta": 1e-5}), "bands applies to mechanism"),
+        (dict(dp={"mechanism": "blt", "target_epsilon": 1.0, "epsilon_budget": 1.0, "delta": 1e-5}), "epsilon_budget is not supported"),
+    ],
+)
+def test_config_refuses_what_the_accountant_does_not_cover(fed, message):
+    base = dict(strategy="dp-fedavg", rounds=3, clients_per_round=2, clip_norm=1.0, dp={"mechanism": "blt", "noise_multiplier": 1.0, "delta": 1e-5})
+    base.update(fed)
+    with pytest.raises(ValueError, match=message):
+        FederatedConfig(**base)
+
+
+def test_cyclic_may_be_named_over_an_inherited_fixed_sampling():
+    cfg = FederatedConfig(strategy="dp-fedavg", rounds=3, clients_per_round=2, clip_norm=1.0, sampling="cyclic", dp={"mechanism": "blt", "target_epsilon": 8.0, "delta": 1e-5, "accountant": "pld"})
+    assert cfg.sampling == "cyclic" and cfg.dp.accountant == "pld"
+
+
+def test_too_many_rounds_for_the_stated_participation_are_refused(tmp_path):
+    extra = 'strategy = "dp-fedavg"\nclip_norm = 0.3\ndp = { mechanism = "banded-mf", bands = 1, noise_multiplier = 1.0, delta = 1e-3, max_participations = 1 }'
+    p = write_config(tmp_path, extra=extra.replace("[federated]", ""))
+    text = p.read_text().replace("rounds = 3", "rounds = 100")
+    p.write_text(text)
+    with pytest.raises(PrivacyParameterError, match=r"federated.dp.max_participations = 1: 100 steps over \d+ groups of 6"):
+        FederatedSetup(prepare(p))
