@@ -385,6 +385,15 @@ class PrivacyConfig(_Strict):
     private: bool = Field(True, description="false: clipping without noise, a control that claims no privacy (needs noise_multiplier = 0; no epsilon is reported)")
     secure_noise: bool = Field(False, description="draw the DP noise and the sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_sampling(cls, data: Any) -> Any:
+        """``sampling`` left out: the cyclic schedule under a correlated-noise mechanism (Poisson
+        otherwise), written into the config so that a config read back says the same."""
+        if isinstance(data, dict) and "sampling" not in data and data.get("mechanism", "gaussian") != "gaussian":
+            data = {**data, "sampling": "cyclic"}
+        return data
+
     @model_validator(mode="after")
     def _check(self) -> "PrivacyConfig":
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
@@ -396,7 +405,7 @@ class PrivacyConfig(_Strict):
             raise ValueError("noise_multiplier = 0 gives no privacy; set private = false for clipping without noise (no epsilon is reported), or drop [privacy]")
         _check_mechanism(self)
         if self.mechanism != "gaussian":
-            if "sampling" in self.model_fields_set and self.sampling != "cyclic":
+            if self.sampling != "cyclic":
                 raise ValueError(f"mechanism = {self.mechanism!r} runs the cyclic schedule it is accounted for (units in fixed groups, one group per step), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it")
             if self.noise_mode != "once":
                 raise ValueError(f"mechanism = {self.mechanism!r} adds its noise once per step; noise_mode must be 'once'")
@@ -538,6 +547,18 @@ class FederatedConfig(_Strict):
                                  "with [federated.client_dp] every client makes exactly client_dp.local_steps noisy steps per round")
         return self
 
+    @model_validator(mode="before")
+    @classmethod
+    def _default_sampling(cls, data: Any) -> Any:
+        """``sampling`` left out: the cyclic schedule under a correlated-noise ``dp.mechanism``
+        (fixed-size cohorts otherwise), written into the config so that a config read back says the same."""
+        if isinstance(data, dict) and "sampling" not in data:
+            dp = data.get("dp")
+            mechanism = dp.get("mechanism", "gaussian") if isinstance(dp, dict) else getattr(dp, "mechanism", "gaussian")
+            if mechanism != "gaussian":
+                data = {**data, "sampling": "cyclic"}
+        return data
+
     @model_validator(mode="after")
     def _strategy(self) -> "FederatedConfig":
         """Each strategy takes exactly the keys it uses (refused here, before any data is read)."""
@@ -556,7 +577,7 @@ class FederatedConfig(_Strict):
         if s == "dp-fedavg" and self.dp is None:
             raise ValueError("strategy = 'dp-fedavg' needs a [federated.dp] table: delta, and noise_multiplier or target_epsilon")
         if self.dp is not None and self.dp.mechanism != "gaussian":
-            if "sampling" in self.model_fields_set and self.sampling != "cyclic":
+            if self.sampling != "cyclic":
                 raise ValueError(f"dp.mechanism = {self.dp.mechanism!r} runs the cyclic cohort schedule it is accounted for (users in fixed groups of clients_per_round, one group per round), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it")
         elif self.dp is not None and self.dp.accountant == "pld" and self.sampling == "fixed":
             raise ValueError("dp.accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")

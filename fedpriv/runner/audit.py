@@ -200,6 +200,15 @@ def run_delta(cfg: ExperimentConfig) -> float | None:
     return None
 
 
+def run_accountant(cfg: ExperimentConfig) -> str:
+    """The accountant of the run's DP guarantee ("rdp" or "pld"): the one its summary's epsilon used."""
+    if cfg.privacy is not None:
+        return cfg.privacy.accountant
+    if cfg.federated is not None and cfg.federated.dp is not None:
+        return cfg.federated.dp.accountant
+    return "rdp"
+
+
 def run_sampling(cfg: ExperimentConfig) -> str | None:
     """The sampling of the run's DP mechanism (DP-SGD's, or DP-FedAvg's cohorts; "cyclic" for
     correlated noise), or None."""
@@ -244,7 +253,7 @@ def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] 
     bounds = empirical_bounds(scores, canaries.included, delta if delta is not None else NON_PRIVATE_DELTA)
     accountant = None
     if delta is not None and run.has(LEDGER):
-        accountant = PrivacyLedger.load(run.file(LEDGER)).epsilon(delta).epsilon
+        accountant = PrivacyLedger.load(run.file(LEDGER)).epsilon(delta, run_accountant(cfg)).epsilon
     unit = "example" if canaries.kind == "example" else "user"
     relations = audit_relations(unit, run_sampling(cfg))
     report = {"kind": canaries.kind, "unit": unit, "canaries": canaries.count, "score": score, "parameters": source, **bounds, **relations,

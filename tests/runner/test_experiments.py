@@ -4,11 +4,13 @@ resuming an interrupted store to the same results."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 
 from fedpriv.cli import main
+from fedpriv.config import validate_config
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.runner.grid import expand_experiment, load_experiment, select_runs
 from fedpriv.runner.store import run_experiment
@@ -264,6 +266,34 @@ def test_a_store_written_before_a_schema_addition_still_matches(tmp_path):
     (tmp_path / "store" / "experiment.json").write_text(json.dumps({"name": name, "runs": old}))
     with pytest.raises(FedprivError, match="config changed"):
         check_store(tmp_path / "store", name, specs)
+
+
+def test_a_revalidated_run_keeps_which_keys_were_given(tmp_path):
+    """Resolving "run:NAME" and building a tuning trial re-validate a run's config from its full
+    dump: a correlated-noise run that leaves `sampling` out gets the cyclic schedule, written into
+    the config, so the dump is not read as asking for Poisson sampling."""
+    from fedpriv.runner.grid import resolve_run_refs
+    from fedpriv.runner.tune import trial_config
+
+    privacy = {"unit": "user", "clip_norm": 1.0, "mechanism": "blt", "noise_multiplier": 2.0, "delta": 1e-5}
+    runs = [
+        {"name": "public", "kind": "central"},
+        {"name": "blt", "kind": "central", "init": {"from": "run:public"}, "privacy": privacy,
+         "tune": {"training.learning_rate": [0.01, 0.1]}},
+    ]
+    _, blt = expand_experiment({**BASE, "data": {"source": "shakespeare", "validation_fraction": 0.1}, "runs": runs})
+    resolved = resolve_run_refs(blt, tmp_path)
+    assert resolved.config.init.from_ == str((tmp_path / "public").resolve())
+    assert resolved.config.privacy.mechanism == "blt" and resolved.config.privacy.sampling == "cyclic"
+    assert validate_config(resolved.raw).privacy.sampling == "cyclic"  # as a run's config.json is read back
+    trial = validate_config(trial_config(resolved.raw, {"training.learning_rate": 0.1}, resolved.tune_fraction, resolved.kind))
+    assert trial.training.learning_rate == 0.1 and trial.privacy.mechanism == "blt"
+    assert trial.training.steps == math.ceil(10 * blt.tune_fraction)  # BASE trains 10 steps
+    fed = {"strategy": "dp-fedavg", "clip_norm": 1.0, "rounds": 2, "clients_per_round": 4, "dp": {"mechanism": "blt", "noise_multiplier": 2.0, "delta": 1e-5}}
+    cfg = validate_config({**BASE, "federated": fed})
+    assert cfg.federated.sampling == "cyclic" and validate_config(cfg.model_dump()).federated.sampling == "cyclic"
+    with pytest.raises(ConfigError, match="not 'fixed' sampling"):
+        validate_config({**BASE, "federated": {**fed, "sampling": "fixed"}})
 
 
 def test_privatize_embeddings_may_name_an_earlier_run(tmp_path):
