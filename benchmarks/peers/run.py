@@ -414,6 +414,63 @@ def section_tff(args) -> dict:
     return out
 
 
+# ---- (h) pfl-research ---------------------------------------------------------------------------
+def section_pfl(args) -> dict:
+    """FedAvg and DP-FedAvg against pfl-research 0.6 (PyTorch backend): the same computation first,
+    then client updates/s and peak memory at each cohort in one run, Flower's beside them, and the
+    accountants (benchmarks/peers/pfl_bench.py)."""
+    import tempfile
+
+    import jax
+    import numpy as np
+
+    import pfl_bench as pb
+    from fedpriv.config import validate_config
+    from fedpriv.engines.setup import FederatedSetup
+    from fedpriv.runner.prepare import prepare
+
+    pp = peer_python("pfl")
+    if not pp:
+        return {"error": env_error("pfl") or "env missing"}
+    users, model = args.pfl_users, args.pfl_model
+    cohorts = [int(x) for x in args.pfl_cohorts.split(",")]
+    out: dict = {"users": users, "model": model, "cohorts": cohorts, "rounds": args.pfl_rounds, "repeats": args.repeats, "clip_norm": pb.CLIP,
+                 "noise_multiplier": pb.Z}
+    t0 = time.perf_counter()
+    prepared = prepare(validate_config(pb.experiment(users, 100, "fedavg", model)))
+    out["prepare_s"] = time.perf_counter() - t0
+    ids = {}
+    for m in sorted(set(cohorts) | {100}):
+        sampler = FederatedSetup(pb.with_config(prepared, users, m, "fedavg", model)).core.sampler
+        for r in range(1, 2 + args.repeats * args.pfl_rounds):
+            ids[pb.cohort_id(m, r)] = sampler.sample(r)
+    WORK.mkdir(parents=True, exist_ok=True)
+    data = WORK / "pfl.npz"
+    setup = FederatedSetup(pb.with_config(prepared, users, 100, "fedavg", model))
+    pb.export(setup, ids | {1: ids[pb.cohort_id(100, 1)]}, data, pb.CLIP, pb.Z)
+    f = setup.fcfg
+    out["population"] = {"users": setup.data.num_users, "examples": int(setup.data.counts.sum()), "counts_max": int(setup.data.counts.max()),
+                         "params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(setup.initial_params())))}
+    out["local"] = {"epochs": f.local_epochs, "batch": f.local_batch_size, "client_lr": f.client_learning_rate, "server": f"{f.server_optimizer} {f.server_learning_rate}"}
+    del setup
+    peer = PeerProc([str(pp), str(HERE / "pfl_peer.py"), str(data)])
+    out["versions"] = {k: peer.hello[k] for k in ("pfl", "torch", "dp_accounting", "prv_accountant", "threads")}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out["equiv"] = pb.equivalence(prepared, users, model, peer, WORK, log)
+            out["epsilon"] = pb.epsilon(peer)
+            log(f"[pfl] epsilon {out['epsilon']}")
+            out["timing"] = pb.timing(prepared, users, model, cohorts, args.pfl_rounds, args.repeats, peer, log)
+            if not args.pfl_no_flower:
+                peer.close()  # its memory is not needed while Flower's actors run
+                peer = None
+                out["flower"] = pb.flower(prepared, users, model, cohorts, args.pfl_rounds, Path(tmp), log)
+    finally:
+        if peer is not None:
+            peer.close()
+    return out
+
+
 # ---- page ---------------------------------------------------------------------------------------
 def machine() -> dict:
     import jax
@@ -827,6 +884,11 @@ def main() -> None:
     ap.add_argument("--flower-users", type=int, default=20)
     ap.add_argument("--flower-rounds", type=int, default=6)
     ap.add_argument("--flower-model", default="small")
+    ap.add_argument("--pfl-users", type=int, default=3000, help="pfl: synthetic:stackoverflow users (the population)")
+    ap.add_argument("--pfl-cohorts", default="100,1000", help="pfl: cohort sizes timed")
+    ap.add_argument("--pfl-rounds", type=int, default=2, help="pfl: rounds per timed block")
+    ap.add_argument("--pfl-model", default="tiny", help="pfl: NWP LSTM size")
+    ap.add_argument("--pfl-no-flower", action="store_true", help="pfl: leave Flower's engine out")
     ap.add_argument("--page-only", action="store_true")
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -847,6 +909,8 @@ def main() -> None:
                     out = section_tf_keras(args)
                 elif s == "tff":
                     out = section_tff(args)
+                elif s == "pfl":
+                    out = section_pfl(args)
                 else:
                     raise SystemExit(f"unknown section {s}")
             except Exception as e:  # noqa: BLE001  the page says what failed
