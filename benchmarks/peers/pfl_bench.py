@@ -10,8 +10,9 @@ uniform weights, clip S and noise multiplier z on the sum, divided by m.
    (vectorized engine) and pfl, each user's batches in fedpriv's round-1 order: ``fedavg`` and
    ``fedavg-clip`` (DP-FedAvg without noise) at S and S / 10; ||fedpriv - pfl|| / ||fedpriv's
    update|| of the new weights.
-2. ``timing``: for each cohort m and each of FedAvg and DP-FedAvg, an untimed round on each side
-   (fedpriv compiles, torch warms up), then ``repeats`` alternating blocks of ``rounds`` rounds
+2. ``timing``: for each cohort m and each of FedAvg and DP-FedAvg, fedpriv's programs compiled
+   (``federated_scale.warm_compile``: one user per bucket) and, at the first cohort, one untimed pfl
+   round (torch's first calls), then ``repeats`` alternating blocks of ``rounds`` rounds
    (fedpriv's, then pfl's, on the same rounds' cohorts): client updates per second = m / median
    round seconds; peak resident memory of each process during its blocks (``VmHWM`` reset
    before each block; the driver's includes everything it holds: the corpus, JAX, this section).
@@ -32,7 +33,8 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from fedpriv_side import export_nwp  # noqa: E402  (puts the checkout on sys.path)
+from fedpriv_side import export_nwp  # noqa: E402  (puts the checkout and benchmarks/ on sys.path)
+from federated_scale import warm_compile  # noqa: E402
 
 from fedpriv.config import validate_config  # noqa: E402
 from fedpriv.engines.setup import FederatedSetup  # noqa: E402
@@ -154,11 +156,15 @@ def timing(prepared, users: int, model: str, cohorts_m: list[int], rounds: int, 
             setup = FederatedSetup(with_config(prepared, users, m, variant, model))
             engine = VectorizedEngine(setup)
             state = setup.core.init_state(setup.initial_params())
-            state, warm, _ = fedpriv_rounds(engine, state, [1])  # compiles every bucket of this cohort size
-            pw = peer.ask(cmd="rounds", variant=variant, rounds=[cohort_id(m, 1)])
-            if "error" in pw:
-                rows.append({"cohort": m, "variant": variant, "error": pw["error"]})
-                continue
+            t = time.perf_counter()
+            warm_compile(setup, engine, state["params"], m)  # every bucket's program at this cohort's width, one user each
+            warm = [time.perf_counter() - t]
+            pw = {"times": [None]}
+            if m == cohorts_m[0]:  # torch's first calls, once per process
+                pw = peer.ask(cmd="rounds", variant=variant, rounds=[cohort_id(m, 1)])
+                if "error" in pw:
+                    rows.append({"cohort": m, "variant": variant, "error": pw["error"]})
+                    continue
             fp, pf, fp_peak, pf_peak = [], [], [], []
             r0 = 2
             for rep in range(repeats):

@@ -1,6 +1,6 @@
 """pfl-research's side (runs in .bench-envs/pfl: pfl 0.6.0 with its PyTorch backend, torch CPU).
 
-    .bench-envs/pfl/bin/python benchmarks/peers/pfl_peer.py X.npz
+    .bench-envs/pfl/bin/python benchmarks/peers/pfl_peer.py X.npz [--threads N]
 
 A line-oriented server (benchmarks/peers/protocol.py) for FedAvg and DP-FedAvg on the NWP task
 exported by run.py's ``pfl`` section. The .npz holds the initial weights of fedpriv's NWP model
@@ -237,6 +237,8 @@ def main() -> None:
     import torch
     from importlib.metadata import version
 
+    if "--threads" in sys.argv:  # torch's intra-op threads (default: torch's own, the number of cores)
+        torch.set_num_threads(int(sys.argv[sys.argv.index("--threads") + 1]))
     peer = PflPeer(sys.argv[1])
     print(json.dumps({"ok": True, "pfl": version("pfl"), "torch": torch.__version__, "dp_accounting": version("dp-accounting"),
                       "prv_accountant": version("prv-accountant"), "threads": torch.get_num_threads(), "rss_mb": proc_status("VmRSS")}), flush=True)
