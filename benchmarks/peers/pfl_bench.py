@@ -149,10 +149,15 @@ def equivalence(prepared, users: int, model: str, peer, work: Path, log) -> list
     return out
 
 
-def timing(prepared, users: int, model: str, cohorts_m: list[int], rounds: int, repeats: int, peer, log) -> list[dict]:
-    rows = []
+def timing(prepared, users: int, model: str, cohorts_m: list[int], rounds: int, repeats: int, peer, log, dp_cohorts: list[int] | None = None,
+           rows: list | None = None, save=lambda: None) -> list[dict]:
+    """``rows`` (appended to, ``save()`` after each): one per cohort and algorithm; DP-FedAvg only at
+    ``dp_cohorts`` (default: every cohort)."""
+    rows = [] if rows is None else rows
     for m in cohorts_m:
         for variant in ("fedavg", "dp-fedavg"):
+            if variant == "dp-fedavg" and dp_cohorts is not None and m not in dp_cohorts:
+                continue
             setup = FederatedSetup(with_config(prepared, users, m, variant, model))
             engine = VectorizedEngine(setup)
             state = setup.core.init_state(setup.initial_params())
@@ -188,18 +193,19 @@ def timing(prepared, users: int, model: str, cohorts_m: list[int], rounds: int, 
                              "fedpriv_peak_mb": max(x for x in fp_peak if x) if any(fp_peak) else None,
                              "pfl_peak_mb": max(x for x in pf_peak if x) if any(pf_peak) else None,
                              "local_steps": int(setup.local_steps_of(setup.core.sampler.sample(2)).sum())})
+            save()
             del engine, setup, state
     return rows
 
 
-def flower(prepared, users: int, model: str, cohorts_m: list[int], rounds: int, work: Path, log) -> list[dict]:
+def flower(prepared, users: int, model: str, cohorts_m: list[int], rounds: int, work: Path, log, rows: list | None = None, save=lambda: None) -> list[dict]:
     """fedpriv's Flower engine, one user per message, FedAvg; median round seconds over rounds 2..rounds + 1."""
     import flwr
 
     from fedpriv.runner.dispatch import train_run
 
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
-    rows = []
+    rows = [] if rows is None else rows
     for m in cohorts_m:
         fl = {"num_supernodes": 4, "client_num_cpus": 1, "users_per_message": 1}
         p = with_config(prepared, users, m, "fedavg", model, rounds=rounds + 1, flower=fl)
@@ -218,6 +224,7 @@ def flower(prepared, users: int, model: str, cohorts_m: list[int], rounds: int, 
         rows.append({"cohort": m, "round_s": secs, "median_s": med, "updates_per_s": m / med, "wall_s": time.perf_counter() - t,
                      "supernodes": 4, "users_per_message": 1, "flwr": flwr.__version__})
         log(f"[pfl] flower m={m}: rounds {[round(x, 2) for x in secs]} s")
+        save()
     return rows
 
 

@@ -455,16 +455,26 @@ def section_pfl(args) -> dict:
     del setup
     peer = PeerProc([str(pp), str(HERE / "pfl_peer.py"), str(data)] + (["--threads", str(args.pfl_threads)] if args.pfl_threads else []))
     out["versions"] = {k: peer.hello[k] for k in ("pfl", "torch", "dp_accounting", "prv_accountant", "threads")}
+    cmd = ".venv/bin/python benchmarks/peers/run.py " + " ".join(sys.argv[1:])
+
+    def save() -> None:  # what is measured so far, on the page if the run is cut short
+        (RESULTS / "pfl.json").write_text(json.dumps({**out, "partial": True, "command": cmd, "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+                                                      "wall_s": round(time.perf_counter() - t0, 1)}, indent=1, default=str))
+
+    dp_cohorts = [int(x) for x in args.pfl_dp_cohorts.split(",")] if args.pfl_dp_cohorts else None
     try:
         with tempfile.TemporaryDirectory() as tmp:
             out["equiv"] = pb.equivalence(prepared, users, model, peer, WORK, log)
             out["epsilon"] = pb.epsilon(peer)
             log(f"[pfl] epsilon {out['epsilon']}")
-            out["timing"] = pb.timing(prepared, users, model, cohorts, args.pfl_rounds, args.repeats, peer, log)
+            save()
+            out["timing"] = []
+            pb.timing(prepared, users, model, cohorts, args.pfl_rounds, args.repeats, peer, log, dp_cohorts, out["timing"], save)
             if not args.pfl_no_flower:
                 peer.close()  # its memory is not needed while Flower's actors run
                 peer = None
-                out["flower"] = pb.flower(prepared, users, model, cohorts, args.pfl_rounds, Path(tmp), log)
+                out["flower"] = []
+                pb.flower(prepared, users, model, cohorts, args.pfl_rounds, Path(tmp), log, out["flower"], save)
     finally:
         if peer is not None:
             peer.close()
@@ -879,6 +889,8 @@ def pfl_block(p: dict) -> list[str]:
     L = ["## (h) FedAvg and DP-FedAvg against pfl-research", "", f"Command: `{p['command']}` ({p['when']}); wall {p.get('wall_s')} s.", ""]
     if "error" in p and not p.get("timing"):
         return L + [f"Not measured: {p['error']}", ""]
+    if p.get("partial"):
+        L += ["**This run was cut short: the tables below hold what it had measured by then.**", ""]
     v, loc, pop = p["versions"], p["local"], p["population"]
     L += [f"Versions: pfl {v['pfl']} (PyTorch backend), torch {v['torch']} ({v['threads']} threads), dp-accounting {v['dp_accounting']}, "
           f"prv-accountant {v['prv_accountant']} in `.bench-envs/pfl`. The task: NWP `{p['model']}` LSTM ({pop['params']:,} parameters; "
@@ -984,6 +996,7 @@ def main() -> None:
     ap.add_argument("--pfl-rounds", type=int, default=2, help="pfl: rounds per timed block")
     ap.add_argument("--pfl-model", default="tiny", help="pfl: NWP LSTM size")
     ap.add_argument("--pfl-no-flower", action="store_true", help="pfl: leave Flower's engine out")
+    ap.add_argument("--pfl-dp-cohorts", default=None, help="pfl: cohorts at which DP-FedAvg is timed too (default: every cohort)")
     ap.add_argument("--pfl-threads", type=int, default=1, help="pfl: torch intra-op threads (0: torch's default, one per core)")
     ap.add_argument("--page-only", action="store_true")
     args = ap.parse_args()
