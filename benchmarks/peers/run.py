@@ -919,9 +919,9 @@ def pfl_block(p: dict) -> list[str]:
           "for every user.", ""]
     t = p.get("timing", [])
     fl = {r["cohort"]: r for r in p.get("flower", [])}
-    L += [f"Speed and memory, measured in one run: for each cohort m and algorithm, one untimed round on each side (fedpriv compiles, "
-          f"torch warms up), then {p['repeats']} alternating blocks of {p['rounds']} rounds (fedpriv's, then pfl's, on the same rounds' "
-          "cohorts). Client updates per second = m / median round seconds. Peak memory: each process's resident high-water mark "
+    L += [f"Speed and memory, measured in one run: for each cohort m and algorithm, fedpriv's programs compiled first (one user per "
+          "bucket at the round's width) and, before the first cohort, one untimed pfl round (torch's first calls); then "
+          f"{p['repeats']} alternating block(s) of {p['rounds']} round(s) (fedpriv's, then pfl's, on the same rounds' cohorts). Client updates per second = m / median round seconds. Peak memory: each process's resident high-water mark "
           "(`VmHWM`, reset before each block), the largest over its blocks; fedpriv's is the driver process's, which also holds JAX and "
           "the prepared corpus, pfl's the peer's (torch, the exported rows).", "",
           "| cohort m | algorithm | local steps/round | fedpriv s/round | pfl s/round | fedpriv updates/s | pfl updates/s | fedpriv speed / pfl's | fedpriv peak MiB | pfl peak MiB |",
@@ -935,8 +935,8 @@ def pfl_block(p: dict) -> list[str]:
     L.append("")
     if fl:
         L += [f"Flower (fedpriv's Flower engine, flwr {next(iter(fl.values()))['flwr']}; one user per message, as a Flower ClientApp trains a "
-              "client; 4 SuperNodes, Ray actors of 1 CPU; FedAvg, the same cohorts; run after the blocks above, in the same process; "
-              f"round 1 left out of the median, {p['rounds']} rounds timed):", "",
+              "client; 4 SuperNodes, Ray actors of 1 CPU; FedAvg, the same cohorts; run after the blocks above, in the same process, so NOT interleaved with them: "
+              f"its ratios carry the machine's drift between the two; round 1 left out of the median, {p['rounds']} round(s) timed):", "",
               "| cohort m | Flower s/round | Flower updates/s | fedpriv FedAvg updates/s | fedpriv / Flower | pfl FedAvg updates/s | pfl / Flower |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
         for m, f in sorted(fl.items()):
@@ -956,6 +956,12 @@ def pfl_block(p: dict) -> list[str]:
         if m >= 1000 and mine and mine["fedpriv_updates_per_s"] < 10 * f["updates_per_s"]:
             goals.append(f"**fedpriv is NOT 10x Flower at m = {m:,}: {mine['fedpriv_updates_per_s'] / f['updates_per_s']:.1f}x.**")
     L += goals + ([""] if goals else [])
+    L += ["Reading these numbers: on a CPU every engine here is compute-bound on the same per-client arithmetic (one client's "
+          "local steps after another; fedpriv's `scan` removes per-client overhead, which is small next to a step of the "
+          "10,004-word output layer). fedpriv's vectorized engine and pfl each run one process; Flower's simulation runs a Ray "
+          "actor per CPU (two here) beside its server, which on a shared, loaded machine is also more shares of the CPU "
+          "scheduler. What vectorizing gains on an accelerator (`vectorize = \"vmap\"`: a chunk's clients at once) a CPU "
+          "cannot give; `benchmarks/gpu_check.sh` measures that.", ""]
     eps = p.get("epsilon", [])
     if eps:
         L += ["Accountants on the same DP-FedAvg parameters (Poisson sampling of users with q = m / N, add-or-remove one user, T rounds, "
