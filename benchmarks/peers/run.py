@@ -630,7 +630,9 @@ def page() -> str:
          "A section not rerun keeps its last result (and its own command line) on the page: from `.bench-envs/results/` where "
          "it is, else the block already on this page (the results are not committed).", ""]
     any_meta = next(iter(res.values()), {}).get("meta") if res else None
-    if any_meta:
+    if old["machine"] and set(res) <= {"pfl"}:  # the older sections' machine; the pfl section states its own
+        L += [old["machine"], ""]
+    elif any_meta:
         m = any_meta["machine"]
         L += [f"Machine: `{m['arch']}`, {m['cpus']} CPUs ({m['processor']}), Python {m['python']}; fedpriv side: jax {m['jax']}, numpy {m['numpy']}.", ""]
     elif old["machine"]:
@@ -892,6 +894,9 @@ def pfl_block(p: dict) -> list[str]:
     if p.get("partial"):
         L += ["**This run was cut short: the tables below hold what it had measured by then.**", ""]
     v, loc, pop = p["versions"], p["local"], p["population"]
+    mm = (p.get("meta") or {}).get("machine")
+    if mm:
+        L += [f"Machine of this section: `{mm['arch']}`, {mm['cpus']} CPUs ({mm['processor']}), Python {mm['python']}, jax {mm['jax']}.", ""]
     L += [f"Versions: pfl {v['pfl']} (PyTorch backend), torch {v['torch']} ({v['threads']} threads), dp-accounting {v['dp_accounting']}, "
           f"prv-accountant {v['prv_accountant']} in `.bench-envs/pfl`. The task: NWP `{p['model']}` LSTM ({pop['params']:,} parameters; "
           f"vocabulary 10,004, sequences of 20) on `synthetic:stackoverflow` with {pop['users']:,} users ({pop['examples']:,} examples, at "
