@@ -626,7 +626,8 @@ def page() -> str:
          "with one (load average 2 to 4), which inflates every absolute time.", "",
          "`make bench-peers` (also the last step of `make bench`) builds the peers' environments if missing and runs every section, "
          "`epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras,pfl`, with `--repeats 2` (override: `make bench-peers BENCH_PEERS_SECTIONS=... "
-         "BENCH_PEERS_ARGS=...`; the slowest are `opacus-bert`, 4 to 16 minutes here depending on the load, and `tf-keras`, about 6). "
+         "BENCH_PEERS_ARGS=...`; the slowest are `pfl`, 20 minutes here with `--repeats 1 --pfl-rounds 1 --pfl-dp-cohorts 100` and about an hour with the defaults, "
+         "`opacus-bert`, 4 to 16 minutes here depending on the load, and `tf-keras`, about 6). "
          "A section not rerun keeps its last result (and its own command line) on the page: from `.bench-envs/results/` where "
          "it is, else the block already on this page (the results are not committed).", ""]
     any_meta = next(iter(res.values()), {}).get("meta") if res else None
