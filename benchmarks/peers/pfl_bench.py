@@ -143,7 +143,7 @@ def equivalence(prepared, users: int, model: str, peer, work: Path, log) -> list
         e = {"strategy": strategy, "clip": clip, "users": ans.get("users"), "update_norm": float(np.linalg.norm(a - w0)),
              "peer_update_norm": float(np.linalg.norm(b - w0)), "max_abs_diff": float(np.max(np.abs(a - b))),
              "rel_diff": float(np.linalg.norm(a - b) / max(np.linalg.norm(a - w0), 1e-12)),
-             "unclipped_fraction": info.get("unclipped_fraction"), "pfl_loss": ans.get("loss"), "fedpriv_loss": info.get("loss")}
+             "unclipped_fraction": info.get("unclipped_fraction")}
         log(f"[pfl] equivalence {e}")
         out.append(e)
     return out

@@ -7,7 +7,7 @@ exported by run.py's ``pfl`` section. The .npz holds the initial weights of fedp
 (fedpriv_side.export_nwp's layout), every user's examples as flat rows (``rows`` (E, L + 1) ids,
 ``offsets``/``counts`` per user; for the equivalence round each user's rows are in the order of
 fedpriv's round-1 plan, so that batches of B cut in order are fedpriv's round-1 batches), the
-cohort of each round (``cohort<r>``: user indices, fedpriv's sampler's), and ``z``, ``clip``,
+cohort of each timed round (``cohort<k>``: user indices, fedpriv's sampler's; k = m * 10,000 + round; ``cohort1``: the equivalence round's), and ``z``, ``clip``,
 ``batch``, ``client_lr``.
 
 The algorithm is pfl's own simulation: ``pfl.algorithm.FederatedAveraging`` with a
@@ -33,9 +33,9 @@ sliced from the flat rows when the cohort reaches it.
 
 Commands: ``{"cmd": "equiv", "strategy": "fedavg"|"fedavg-clip"|"dp-fedavg", "out": PATH[, "clip": S,
 "z": Z]}``: one round over ``cohort1`` from the exported weights (``fedavg-clip``: DP-FedAvg's
-clip without noise); the new weights go to PATH (.npz, export layout); answers the mean training
-loss. ``{"cmd": "rounds", "variant": "fedavg"|"dp-fedavg", "rounds": [r, ...]}``: those rounds in
-order from the exported weights (a fresh model); answers each round's wall seconds and the peak
+clip without noise); the new weights go to PATH (.npz, export layout); answers the cohort's size.
+``{"cmd": "rounds", "variant": "fedavg"|"dp-fedavg", "rounds": [k, ...]}``: one round on each of
+those cohorts, in order, from the exported weights (a fresh model); answers each round's wall seconds and the peak
 resident memory of this process during them (``VmHWM`` after resetting it, MiB).
 ``{"cmd": "epsilon", "configs": [...]}``: pfl's accountants (RDP, PLD, PRV) on each config
 ``{"q", "sigma", "steps", "delta"}``.
@@ -203,8 +203,7 @@ class PflPeer:
         model, algo, backend, data = self.build(cmd["strategy"], cmd.get("clip"), cmd.get("z"))
         model, metrics = self.one_round(model, algo, backend, data, 1, None)
         self.export(model, cmd["out"])
-        loss = [v for k, v in metrics if "loss" in str(k)]
-        return {"users": len(self.cohorts[1]), "loss": float(loss[0].overall_value) if loss else None}
+        return {"users": len(self.cohorts[1])}
 
     def rounds(self, cmd: dict) -> dict:
         model, algo, backend, data = self.build(cmd["variant"])
