@@ -32,15 +32,17 @@ bench: $(STAMP)
 	$(PY) benchmarks/empirical_audit.py --model stackoverflow
 	$(MAKE) bench-peers
 
-# fedpriv against Opacus, TensorFlow Privacy, TensorFlow Federated and Flower's built-in DP; each
+# fedpriv against Opacus, TensorFlow Privacy, TensorFlow Federated, Flower's built-in DP and pfl-research; each
 # peer in its own environment under .bench-envs/ (created on first use, never in .venv). A peer
 # that cannot be installed is reported on the page, with pip's error (TFF 0.87 on Python 3.11 has
 # no jaxlib 0.4.14: envs.sh installs it with --no-deps and jax/jaxlib 0.4.13, see its header).
 # Writes docs/benchmarks.md from every section's result in .bench-envs/results/ (a section not
-# rerun keeps its last result and command on the page). The slowest sections: opacus-bert (4 to
-# 16 minutes on 2 shared CPUs) and tf-keras (about 6); one section alone, e.g.:
+# rerun keeps its last result and command on the page). The slowest sections: pfl (cohorts of 100 and
+# 1,000 against pfl-research and Flower: 20 minutes with --repeats 1 --pfl-rounds 1 --pfl-dp-cohorts 100,
+# about an hour with the defaults, on 2 shared CPUs), opacus-bert (4 to 16 minutes) and tf-keras
+# (about 6); one section alone, e.g.:
 #   make bench-peers BENCH_PEERS_SECTIONS=tf-keras
-BENCH_PEERS_SECTIONS ?= epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras
+BENCH_PEERS_SECTIONS ?= epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras,pfl
 BENCH_PEERS_ARGS ?= --repeats 2
 bench-peers: $(STAMP)
 	-bash benchmarks/peers/envs.sh all

@@ -240,13 +240,23 @@ def plot(results: list[dict], path: Path) -> None:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| population | users | examples | data MiB | resident MiB (built) | cohort | chunk | local steps/round | s/round | ms/step | updates/s | peak MiB (rounds) |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    """The results as a Markdown table. ``peak / data``: the peak during the rounds over the
+    population's arrays; ``growth / data``: that peak less the same cohort's peak at the smallest
+    population of the run (what the process costs whatever the population: Python, JAX, the
+    compiled programs, one chunk's buffers), over the arrays added since (the population's own
+    cost; 1 = memory grows by exactly the data)."""
+    base = min(results, key=lambda r: r["info"]["users"]) if results else None
+    base_peak = {r["cohort"]: r["peak_rounds_mb"] for r in base["cohorts"]} if base else {}
+    lines = ["| population | users | examples | data MiB | resident MiB (built) | cohort | chunk | local steps/round | s/round | ms/step | updates/s | peak MiB (rounds) | peak / data | growth / data |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for res in results:
         i = res["info"]
         for r in res["cohorts"]:
+            extra = i["data_mb"] - base["info"]["data_mb"]
+            growth = (r["peak_rounds_mb"] - base_peak[r["cohort"]]) / extra if r["cohort"] in base_peak and extra > 1 else None
             lines.append(f"| {i['population']} | {i['users']:,} | {i['examples']:,} | {i['data_mb']:.0f} | {i['rss_data_mb']:.0f} | {r['cohort']:,} | {r['chunk']} | "
-                         f"{r['steps']:,.0f} | {r['round_s']:.2f} | {r['ms_per_step']:.2f} | {r['updates_per_s']:.0f} | {r['peak_rounds_mb']:.0f} |")
+                         f"{r['steps']:,.0f} | {r['round_s']:.2f} | {r['ms_per_step']:.2f} | {r['updates_per_s']:.0f} | {r['peak_rounds_mb']:.0f} | "
+                         f"{r['peak_rounds_mb'] / i['data_mb']:.1f} | {'-' if growth is None else f'{growth:.2f}'} |")
     return "\n".join(lines)
 
 
@@ -264,9 +274,16 @@ def main() -> None:
     ap.add_argument("--plot", default=None, help="write the plot here (PNG)")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: run one population in this process
+    ap.add_argument("--table-from", default=None, help="print the table of a JSON written by --json, and run nothing")
     args = ap.parse_args()
     if args.one is not None:
         print(json.dumps(one_population(args, args.one)))
+        return
+    if args.table_from:
+        d = json.loads(Path(args.table_from).read_text())
+        if args.plot:
+            plot(d["results"], Path(args.plot))
+        print(table(d["results"]))
         return
     results = []
     t0 = time.perf_counter()

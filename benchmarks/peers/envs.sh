@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create each peer's own virtual environment under .bench-envs/ (git-ignored), never in .venv.
 #
-#   bash benchmarks/peers/envs.sh [opacus|tf|tff|all]
+#   bash benchmarks/peers/envs.sh [opacus|tf|tff|pfl|all]
 #
 # Idempotent: an env whose stamp file exists is skipped. A failed install leaves
 # .bench-envs/<name>.error holding pip's output (the benchmark page reports it) and no stamp.
@@ -17,6 +17,9 @@
 #            pinned there, except jax/jaxlib 0.4.13 for 0.4.14 (TFF's JAX backend is not used here:
 #            the benchmark runs TFF's TensorFlow simulation). `pip check` then reports that one
 #            mismatch (kept in .bench-envs/tff/pip-check.txt).
+#   pfl    : pfl==0.6.0 (pfl-research) with its PyTorch backend on torch==2.13.0 (the CPU wheel, as
+#            opacus); pfl's own pins bring dp-accounting 0.5.1 and prv-accountant 0.2.0. Its `pytorch`
+#            extra only names torch, so torch is given explicitly (no CUDA wheels pulled in).
 # Flower's built-in DP strategies need no env of their own: flwr==1.41.0 is part of the
 # project's stack (.venv) and is measured from there.
 set -u
@@ -62,5 +65,8 @@ if [ "$what" = tff ] || [ "$what" = all ]; then
     "dp-accounting==0.4.3" "google-vizier==0.1.11" "grpcio~=1.46" "ml-dtypes==0.2.*,>=0.2.0" "numpy~=1.25" \
     "portpicker~=1.6" "scipy~=1.9.3" "tensorflow-model-optimization==0.7.5" "tqdm~=4.64" \
     "typing-extensions==4.5.*,>=4.5.0" "googleapis-common-protos==1.61.0" || rc=1
+fi
+if [ "$what" = pfl ] || [ "$what" = all ]; then
+  make_env pfl "torch==2.13.0" "pfl==0.6.0" "numpy<3" || rc=1
 fi
 exit $rc

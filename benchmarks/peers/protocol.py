@@ -9,15 +9,18 @@ import json
 import sys
 
 
-def serve(peer, equiv_variant: bool = True, equiv=None) -> None:
+def serve(peer, equiv_variant: bool = True, equiv=None, handlers=None) -> None:
     """Answer commands for ``peer`` (an object with ``equiv(k, lr[, variant])`` and ``time(variant, n)``) until quit or EOF.
-    ``equiv``: a function of the whole command giving the losses, for peers whose check takes other arguments."""
+    ``equiv``: a function of the whole command giving the losses, for peers whose check takes other arguments.
+    ``handlers``: {command name: function of the whole command giving the whole answer (a dict)}, tried first."""
     for line in sys.stdin:
         cmd = json.loads(line)
         try:
             if cmd["cmd"] == "quit":
                 break
-            if cmd["cmd"] == "equiv" and equiv is not None:
+            if handlers and cmd["cmd"] in handlers:
+                ans = handlers[cmd["cmd"]](cmd)
+            elif cmd["cmd"] == "equiv" and equiv is not None:
                 ans = {"losses": equiv(cmd)}
             elif cmd["cmd"] == "equiv":
                 extra = (cmd.get("variant", "dp-hooks"),) if equiv_variant else ()

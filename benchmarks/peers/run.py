@@ -414,6 +414,73 @@ def section_tff(args) -> dict:
     return out
 
 
+# ---- (h) pfl-research ---------------------------------------------------------------------------
+def section_pfl(args) -> dict:
+    """FedAvg and DP-FedAvg against pfl-research 0.6 (PyTorch backend): the same computation first,
+    then client updates/s and peak memory at each cohort in one run, Flower's beside them, and the
+    accountants (benchmarks/peers/pfl_bench.py)."""
+    import tempfile
+
+    import jax
+    import numpy as np
+
+    import pfl_bench as pb
+    from fedpriv.config import validate_config
+    from fedpriv.engines.setup import FederatedSetup
+    from fedpriv.runner.prepare import prepare
+
+    pp = peer_python("pfl")
+    if not pp:
+        return {"error": env_error("pfl") or "env missing"}
+    users, model = args.pfl_users, args.pfl_model
+    cohorts = [int(x) for x in args.pfl_cohorts.split(",")]
+    out: dict = {"users": users, "model": model, "cohorts": cohorts, "rounds": args.pfl_rounds, "repeats": args.repeats, "clip_norm": pb.CLIP,
+                 "noise_multiplier": pb.Z}
+    t0 = time.perf_counter()
+    prepared = prepare(validate_config(pb.experiment(users, 100, "fedavg", model)))
+    out["prepare_s"] = time.perf_counter() - t0
+    ids = {}
+    for m in sorted(set(cohorts) | {100}):
+        sampler = FederatedSetup(pb.with_config(prepared, users, m, "fedavg", model)).core.sampler
+        for r in range(1, 2 + args.repeats * args.pfl_rounds):
+            ids[pb.cohort_id(m, r)] = sampler.sample(r)
+    WORK.mkdir(parents=True, exist_ok=True)
+    data = WORK / "pfl.npz"
+    setup = FederatedSetup(pb.with_config(prepared, users, 100, "fedavg", model))
+    pb.export(setup, ids | {1: ids[pb.cohort_id(100, 1)]}, data, pb.CLIP, pb.Z)
+    f = setup.fcfg
+    out["population"] = {"users": setup.data.num_users, "examples": int(setup.data.counts.sum()), "counts_max": int(setup.data.counts.max()),
+                         "params": int(sum(np.size(x) for x in jax.tree_util.tree_leaves(setup.initial_params())))}
+    out["local"] = {"epochs": f.local_epochs, "batch": f.local_batch_size, "client_lr": f.client_learning_rate, "server": f"{f.server_optimizer} {f.server_learning_rate}"}
+    del setup
+    peer = PeerProc([str(pp), str(HERE / "pfl_peer.py"), str(data)] + (["--threads", str(args.pfl_threads)] if args.pfl_threads else []))
+    out["versions"] = {k: peer.hello[k] for k in ("pfl", "torch", "dp_accounting", "prv_accountant", "threads")}
+    cmd = ".venv/bin/python benchmarks/peers/run.py " + " ".join(sys.argv[1:])
+
+    def save() -> None:  # what is measured so far, on the page if the run is cut short
+        (RESULTS / "pfl.json").write_text(json.dumps({**out, "partial": True, "command": cmd, "when": dt.datetime.now().strftime("%Y-%m-%d %H:%M"),
+                                                      "wall_s": round(time.perf_counter() - t0, 1)}, indent=1, default=str))
+
+    dp_cohorts = [int(x) for x in args.pfl_dp_cohorts.split(",")] if args.pfl_dp_cohorts else None
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            out["equiv"] = pb.equivalence(prepared, users, model, peer, WORK, log)
+            out["epsilon"] = pb.epsilon(peer)
+            log(f"[pfl] epsilon {out['epsilon']}")
+            save()
+            out["timing"] = []
+            pb.timing(prepared, users, model, cohorts, args.pfl_rounds, args.repeats, peer, log, dp_cohorts, out["timing"], save)
+            if not args.pfl_no_flower:
+                peer.close()  # its memory is not needed while Flower's actors run
+                peer = None
+                out["flower"] = []
+                pb.flower(prepared, users, model, cohorts, args.pfl_rounds, Path(tmp), log, out["flower"], save)
+    finally:
+        if peer is not None:
+            peer.close()
+    return out
+
+
 # ---- page ---------------------------------------------------------------------------------------
 def machine() -> dict:
     import jax
@@ -442,7 +509,7 @@ def fmt(x, d=3):
 # regenerating the page never wipes figures measured earlier.
 TITLES = {"epsilon": "## (a) Epsilon", "opacus-nwp": "## (b) DP-SGD step against Opacus: NWP LSTM",
           "opacus-bert": "## (b) DP-SGD step against Opacus: BERT-small", "flower": "## (c) DP-FedAvg against Flower",
-          "tf-keras": "## (d) ", "tff": "## (e) "}
+          "tf-keras": "## (d) ", "tff": "## (e) ", "pfl": "## (h) "}
 
 
 def old_page() -> dict:
@@ -558,19 +625,22 @@ def page() -> str:
          "2026-11-23 up to 19:00 shared the 2 CPUs with two other fedpriv training jobs (load average about 7), those from 23:45 on "
          "with one (load average 2 to 4), which inflates every absolute time.", "",
          "`make bench-peers` (also the last step of `make bench`) builds the peers' environments if missing and runs every section, "
-         "`epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras`, with `--repeats 2` (override: `make bench-peers BENCH_PEERS_SECTIONS=... "
-         "BENCH_PEERS_ARGS=...`; the slowest are `opacus-bert`, 4 to 16 minutes here depending on the load, and `tf-keras`, about 6). "
+         "`epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras,pfl`, with `--repeats 2` (override: `make bench-peers BENCH_PEERS_SECTIONS=... "
+         "BENCH_PEERS_ARGS=...`; the slowest are `pfl`, 20 minutes here with `--repeats 1 --pfl-rounds 1 --pfl-dp-cohorts 100` and about an hour with the defaults, "
+         "`opacus-bert`, 4 to 16 minutes here depending on the load, and `tf-keras`, about 6). "
          "A section not rerun keeps its last result (and its own command line) on the page: from `.bench-envs/results/` where "
          "it is, else the block already on this page (the results are not committed).", ""]
     any_meta = next(iter(res.values()), {}).get("meta") if res else None
-    if any_meta:
+    if old["machine"] and set(res) <= {"pfl"}:  # the older sections' machine; the pfl section states its own
+        L += [old["machine"], ""]
+    elif any_meta:
         m = any_meta["machine"]
         L += [f"Machine: `{m['arch']}`, {m['cpus']} CPUs ({m['processor']}), Python {m['python']}; fedpriv side: jax {m['jax']}, numpy {m['numpy']}.", ""]
     elif old["machine"]:
         L += [old["machine"], ""]
     L += ["## Environments", "",
           "| peer | environment | status |", "| --- | --- | --- |"]
-    for name, what in (("opacus", "torch 2.13.0 (CPU) + opacus 1.6.0"), ("tf", "tensorflow 2.14.1 + tensorflow-privacy 0.9.0"), ("tff", "tensorflow-federated 0.87.0 (`--no-deps`) + its pinned requirements with jax/jaxlib 0.4.13 for 0.4.14 (TF 2.14.1, TF Privacy 0.9.0)")):
+    for name, what in (("opacus", "torch 2.13.0 (CPU) + opacus 1.6.0"), ("pfl", "pfl 0.6.0 (pfl-research, PyTorch backend) + torch 2.13.0 (CPU)"), ("tf", "tensorflow 2.14.1 + tensorflow-privacy 0.9.0"), ("tff", "tensorflow-federated 0.87.0 (`--no-deps`) + its pinned requirements with jax/jaxlib 0.4.13 for 0.4.14 (TF 2.14.1, TF Privacy 0.9.0)")):
         err = env_error(name)
         st = "installed" if peer_python(name) else f"NOT INSTALLED: `{err.strip()}`" if err else None
         if st is None:  # not in this checkout: keep what the page said when its sections ran
@@ -787,6 +857,18 @@ def page() -> str:
     if t:
         L += tff_block(t)
 
+    p = res.get("pfl")
+    if not p:
+        L += kept(old, "pfl")
+    if p:
+        L += pfl_block(p)
+
+    # Sections written by hand (no result of this driver owns them: (f) scaling, (g) the device check) stay as they are.
+    owned = tuple(TITLES.values()) + ("## Environments", "## Not measured")
+    for head, block in old["blocks"].items():
+        if not head.startswith(owned):
+            L += block + [""]
+
     L += ["## Not measured", ""]
     if not res.get("flower") and not kept(old, "flower"):
         L.append("- (c) Flower's built-in DP round time: not run yet (`--sections flower`).")
@@ -806,6 +888,100 @@ def page() -> str:
     return order_sections("\n".join(L) + "\n")
 
 
+def pfl_block(p: dict) -> list[str]:
+    L = ["## (h) FedAvg and DP-FedAvg against pfl-research", "", f"Command: `{p['command']}` ({p['when']}); wall {p.get('wall_s')} s.", ""]
+    if "error" in p and not p.get("timing"):
+        return L + [f"Not measured: {p['error']}", ""]
+    if p.get("partial"):
+        L += ["**This run was cut short: the tables below hold what it had measured by then.**", ""]
+    v, loc, pop = p["versions"], p["local"], p["population"]
+    mm = (p.get("meta") or {}).get("machine")
+    if mm:
+        L += [f"Machine of this section: `{mm['arch']}`, {mm['cpus']} CPUs ({mm['processor']}), Python {mm['python']}, jax {mm['jax']}.", ""]
+    L += [f"Versions: pfl {v['pfl']} (PyTorch backend), torch {v['torch']} ({v['threads']} threads), dp-accounting {v['dp_accounting']}, "
+          f"prv-accountant {v['prv_accountant']} in `.bench-envs/pfl`. The task: NWP `{p['model']}` LSTM ({pop['params']:,} parameters; "
+          f"vocabulary 10,004, sequences of 20) on `synthetic:stackoverflow` with {pop['users']:,} users ({pop['examples']:,} examples, at "
+          f"most {pop['counts_max']} per user), {loc['epochs']} local epoch of SGD {loc['client_lr']} over batches of {loc['batch']}, server "
+          f"{loc['server']}; FedAvg weighted by example counts; DP-FedAvg with uniform weights, clip S = {p['clip_norm']}, noise multiplier "
+          f"{p['noise_multiplier']} on the sum, divided by the cohort size m. Both sides train the same users: each round's cohort is "
+          "fedpriv's fixed-size sampler's, exported to the peer. pfl side (`benchmarks/peers/pfl_peer.py`): its own simulator, "
+          "`FederatedAveraging` + `PyTorchModel` (local `torch.optim.SGD`, central `torch.optim.SGD(lr=1)`) run round by round through "
+          "`SimulatedBackend.gather_results` and `process_aggregated_statistics` (what `FederatedAlgorithm.run` does each central iteration, "
+          "without evaluation or callbacks), postprocessors `WeightByDatapoints` (FedAvg) or `WeightByUser` + "
+          "`CentrallyAppliedPrivacyMechanism(GaussianMechanism(S, z))` (DP-FedAvg); the LSTM ported to torch as for Opacus (section (b): "
+          "one gate bias, torch's `bias_hh` frozen at 0). fedpriv side: `VectorizedEngine.round` (scan over chunks of 128 clients on the "
+          "CPU), `benchmarks/peers/pfl_bench.py`.", ""]
+    L += ["Same computation: one round from the same initial weights on round 1's cohort of 100 users, each user's batches in "
+          "fedpriv's round-1 order; relative difference ||fedpriv - pfl|| / ||fedpriv's update|| of the new weights (tolerance 1e-4):", "",
+          "| strategy | clip S | users | ||update|| fedpriv | ||update|| pfl | max abs diff | relative diff | same? |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for e in p.get("equiv", []):
+        if "error" in e:
+            L.append(f"| {e['strategy']} | {e['clip']} | | | | | `{e['error']}` | **no answer** |")
+            continue
+        ok = e["rel_diff"] <= 1e-4
+        L.append(f"| {e['strategy']} | {e['clip'] if e['clip'] is not None else '-'} | {e['users']} | {e['update_norm']:.4g} | {e['peer_update_norm']:.4g} | "
+                 f"{e['max_abs_diff']:.2e} | {e['rel_diff']:.2e} | **{'same' if ok else 'NOT the same'}** |")
+    L += ["", "`fedavg-clip` is DP-FedAvg without noise (each delta clipped to S, uniform weights, divided by m); at S / 10 clipping binds "
+          "for every user.", ""]
+    t = p.get("timing", [])
+    fl = {r["cohort"]: r for r in p.get("flower", [])}
+    L += [f"Speed and memory, measured in one run: for each cohort m and algorithm, fedpriv's programs compiled first (one user per "
+          "bucket at the round's width) and, before the first cohort, one untimed pfl round (torch's first calls); then "
+          f"{p['repeats']} alternating block(s) of {p['rounds']} round(s) (fedpriv's, then pfl's, on the same rounds' cohorts). Client updates per second = m / median round seconds. Peak memory: each process's resident high-water mark "
+          "(`VmHWM`, reset before each block), the largest over its blocks; fedpriv's is the driver process's, which also holds JAX and "
+          "the prepared corpus, pfl's the peer's (torch, the exported rows).", "",
+          "| cohort m | algorithm | local steps/round | fedpriv s/round | pfl s/round | fedpriv updates/s | pfl updates/s | fedpriv speed / pfl's | fedpriv peak MiB | pfl peak MiB |",
+          "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in t:
+        if "error" in r:
+            L.append(f"| {r['cohort']:,} | {r['variant']} | | | | | | `{r['error']}` | | |")
+            continue
+        L.append(f"| {r['cohort']:,} | {r['variant']} | {r['local_steps']:,} | {r['fedpriv_median_s']:.2f} | {r['pfl_median_s']:.2f} | {r['fedpriv_updates_per_s']:.1f} | "
+                 f"{r['pfl_updates_per_s']:.1f} | **{r['fedpriv_over_pfl_speed']:.2f}x** | {fmt(r.get('fedpriv_peak_mb'), 4)} | {fmt(r.get('pfl_peak_mb'), 4)} |")
+    L.append("")
+    if fl:
+        L += [f"Flower (fedpriv's Flower engine, flwr {next(iter(fl.values()))['flwr']}; one user per message, as a Flower ClientApp trains a "
+              "client; 4 SuperNodes, Ray actors of 1 CPU; FedAvg, the same cohorts; run after the blocks above, in the same process, so NOT interleaved with them: "
+              f"its ratios carry the machine's drift between the two; round 1 left out of the median, {p['rounds']} round(s) timed):", "",
+              "| cohort m | Flower s/round | Flower updates/s | fedpriv FedAvg updates/s | fedpriv / Flower | pfl FedAvg updates/s | pfl / Flower |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
+        for m, f in sorted(fl.items()):
+            mine = next((r for r in t if r.get("cohort") == m and r.get("variant") == "fedavg" and "error" not in r), None)
+            L.append(f"| {m:,} | {f['median_s']:.2f} | {f['updates_per_s']:.1f} | {fmt(mine['fedpriv_updates_per_s'] if mine else None, 3)} | "
+                     f"**{(mine['fedpriv_updates_per_s'] / f['updates_per_s']) if mine else float('nan'):.1f}x** | "
+                     f"{fmt(mine['pfl_updates_per_s'] if mine else None, 3)} | {(mine['pfl_updates_per_s'] / f['updates_per_s']) if mine else float('nan'):.1f}x |")
+        L.append("")
+    goals = []
+    for r in t:
+        if "error" in r:
+            continue
+        if r["fedpriv_over_pfl_speed"] < 1:
+            goals.append(f"**fedpriv is NOT as fast as pfl at m = {r['cohort']:,} ({r['variant']}): {r['fedpriv_over_pfl_speed']:.2f}x pfl's updates/s.**")
+    for m, f in fl.items():
+        mine = next((r for r in t if r.get("cohort") == m and r.get("variant") == "fedavg" and "error" not in r), None)
+        if m >= 1000 and mine and mine["fedpriv_updates_per_s"] < 10 * f["updates_per_s"]:
+            goals.append(f"**fedpriv is NOT 10x Flower at m = {m:,}: {mine['fedpriv_updates_per_s'] / f['updates_per_s']:.1f}x.**")
+    L += goals + ([""] if goals else [])
+    L += ["Reading these numbers: on a CPU every engine here is compute-bound on the same per-client arithmetic (one client's "
+          "local steps after another; fedpriv's `scan` removes per-client overhead, which is small next to a step of the "
+          "10,004-word output layer). fedpriv's vectorized engine and pfl each run one process; Flower's simulation runs a Ray "
+          "actor per CPU (two here) beside its server, which on a shared, loaded machine is also more shares of the CPU "
+          "scheduler. What vectorizing gains on an accelerator (`vectorize = \"vmap\"`: a chunk's clients at once) a CPU "
+          "cannot give; `benchmarks/gpu_check.sh` measures that.", ""]
+    eps = p.get("epsilon", [])
+    if eps:
+        L += ["Accountants on the same DP-FedAvg parameters (Poisson sampling of users with q = m / N, add-or-remove one user, T rounds, "
+              "noise multiplier z): fedpriv's `epsilon_for(GaussianSteps('poisson', z, N, m, T), delta)` (dp-accounting, RDP and PLD) "
+              "against pfl's `RDPPrivacyAccountant`, `PLDPrivacyAccountant` (both on dp-accounting) and `PRVPrivacyAccountant` "
+              "(prv-accountant), each given `noise_parameter = z` and delta:", "",
+              "| setting | q | z | T | delta | fedpriv RDP | pfl RDP | fedpriv PLD | pfl PLD | pfl PRV |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        for e in eps:
+            L.append(f"| {e['name']} | {e['q']:.3g} | {e['sigma']} | {e['steps']:,} | {e['delta']:g} | {e['fedpriv_rdp']:.4f} | {fmt(e.get('pfl_rdp'), 5)} | "
+                     f"{e['fedpriv_pld']:.4f} | {fmt(e.get('pfl_pld'), 5)} | {fmt(e.get('pfl_prv'), 5)} |")
+        L.append("")
+    return L
+
+
 def order_sections(text: str) -> str:
     """The page's '## (x) ...' sections in the order of their letters (a) to (e), whatever order they were written in."""
     parts = text.split("\n## ")
@@ -818,7 +994,7 @@ def order_sections(text: str) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--sections", default="epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras", help="comma-separated")
+    ap.add_argument("--sections", default="epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras,pfl", help="comma-separated")
     ap.add_argument("--repeats", type=int, default=3, help="alternating blocks per side")
     ap.add_argument("--block", type=int, default=1, help="steps per block")
     ap.add_argument("--batch", type=int, default=64)
@@ -827,6 +1003,13 @@ def main() -> None:
     ap.add_argument("--flower-users", type=int, default=20)
     ap.add_argument("--flower-rounds", type=int, default=6)
     ap.add_argument("--flower-model", default="small")
+    ap.add_argument("--pfl-users", type=int, default=3000, help="pfl: synthetic:stackoverflow users (the population)")
+    ap.add_argument("--pfl-cohorts", default="100,1000", help="pfl: cohort sizes timed")
+    ap.add_argument("--pfl-rounds", type=int, default=2, help="pfl: rounds per timed block")
+    ap.add_argument("--pfl-model", default="tiny", help="pfl: NWP LSTM size")
+    ap.add_argument("--pfl-no-flower", action="store_true", help="pfl: leave Flower's engine out")
+    ap.add_argument("--pfl-dp-cohorts", default=None, help="pfl: cohorts at which DP-FedAvg is timed too (default: every cohort)")
+    ap.add_argument("--pfl-threads", type=int, default=1, help="pfl: torch intra-op threads (0: torch's default, one per core)")
     ap.add_argument("--page-only", action="store_true")
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -847,6 +1030,8 @@ def main() -> None:
                     out = section_tf_keras(args)
                 elif s == "tff":
                     out = section_tff(args)
+                elif s == "pfl":
+                    out = section_pfl(args)
                 else:
                     raise SystemExit(f"unknown section {s}")
             except Exception as e:  # noqa: BLE001  the page says what failed
