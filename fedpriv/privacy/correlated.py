@@ -164,8 +164,9 @@ def blt_inverse(buf_decay, output_scale) -> streaming_matrix.StreamingMatrix:
     ``StreamingMatrixBuilder.build_inverse`` (Alg. 3 of arXiv:2408.08868), x_t = y_t - sum_i s_i b_i,
     then b_i <- d_i b_i + x_t, with the buffers b (shape (buffers, *leaf)) kept as the state. Written
     elementwise: jax-privacy decays the buffers with ``tensordot(diag(d), b)``, a dense
-    buffers x buffers product that XLA does not fuse, which made a BLT DP-SGD step 1.3x a Gaussian
-    one on the NWP LSTM (docs/benchmarks.md). Equal to jax-privacy's to float32 rounding (tests)."""
+    buffers x buffers product; elementwise, a BLT DP-SGD step on the NWP LSTM went from 1.06-1.08x
+    to 1.04-1.05x a Gaussian one on an H100 (docs/correlated_noise.md). Equal to jax-privacy's to
+    float32 rounding (tests)."""
     d = jnp.asarray(np.asarray(buf_decay, np.float32))
     s = jnp.asarray(np.asarray(output_scale, np.float32))
 
