@@ -11,8 +11,10 @@ three things, which every :class:`PrivacyAnswer` states:
 * the **sampling**: Poisson with probability q = B/N (the batch's size is random; the trainer
   divides by the expected size B), fixed-size samples of exactly B of N without replacement, or
   none (every unit in every step);
-* the **accountant**: RDP (with its optimal order) or PLD. dp-accounting has no PLD for sampling
-  without replacement, so fixed-size events are RDP only. PLD's work grows with 1/sigma^2 and
+* the **accountant**: RDP (with its optimal order) or PLD. dp-accounting has no PLD that bounds sampling
+  without replacement under replace-one composed over steps (its REPLACE_SPECIAL is Poisson
+  add/remove, its sampled REPLACE_ONE is Poisson substitution; docs/privacy.md), so fixed-size
+  events are RDP only. PLD's work grows with 1/sigma^2 and
   with epsilon (its grid spans the privacy loss), so it is refused, with a pointer to RDP, where
   it would not answer in seconds: a sampled event with a noise multiplier per unit of
   sensitivity below ``PLD_MIN_NOISE`` or an RDP epsilon above ``PLD_MAX_EPSILON`` (a guarantee
@@ -242,7 +244,7 @@ def _accountant(events: list[GaussianSteps], which: AccountantName):
     if which == "rdp":
         acc = dp_rdp.RdpAccountant(RDP_ORDERS, relation)
     elif which == "pld":
-        _check(supports_pld(events), "the PLD accountant does not cover sampling without replacement (fixed-size batches); use RDP")
+        _check(supports_pld(events), "the PLD accountant does not cover sampling without replacement (fixed-size batches; docs/privacy.md says why); use RDP")
         check_pld_cost(events)
         acc = dp_pld.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
     else:

@@ -181,3 +181,22 @@ def test_the_report_draws_epsilon_curves_of_a_correlated_run():
     assert out["epsilon"] == epsilon_for(ev, 1e-5).epsilon
     rounds = out["panels"][1]
     assert rounds["epsilon"] == sorted(rounds["epsilon"])  # more rounds, more participations, a larger epsilon
+
+
+def test_blt_inverse_equals_jax_privacy_build_inverse():
+    """fedpriv's elementwise C^-1 of a BLT (privacy/correlated.py blt_inverse) is jax-privacy's
+    StreamingMatrixBuilder.build_inverse, step for step on a pytree, to float32 rounding."""
+    from jax_privacy.matrix_factorization import buffered_toeplitz
+
+    blt = Strategy("blt", buf_decay=(0.95, 0.7, 0.3), output_scale=(0.2, 0.15, 0.05))
+    ours = blt.noising_matrix()
+    theirs = buffered_toeplitz.StreamingMatrixBuilder(buf_decay=np.asarray(blt.buf_decay, np.float32), output_scale=np.asarray(blt.output_scale, np.float32)).build_inverse()
+    np.testing.assert_allclose(np.asarray(ours.materialize(12)), np.asarray(theirs.materialize(12)), rtol=1e-6, atol=1e-7)
+    s_ours, s_theirs = init_noise_state(ours, TREE), init_noise_state(theirs, TREE)
+    assert jax.tree.map(jnp.shape, s_ours) == jax.tree.map(jnp.shape, s_theirs)  # the same checkpointed state
+    for t in range(6):
+        y = jax.tree.map(lambda x: jax.random.normal(jax.random.fold_in(jax.random.key(3), t), x.shape), TREE)
+        a, s_ours = ours.multiply_next(y, s_ours)
+        b, s_theirs = theirs.multiply_next(y, s_theirs)
+        for name in TREE:
+            np.testing.assert_allclose(np.asarray(a[name]), np.asarray(b[name]), rtol=1e-6, atol=1e-6)
