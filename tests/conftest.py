@@ -4,6 +4,13 @@ JAX sees 8 CPU devices in the tests (set before JAX is imported), so sharded tra
 without accelerators. Compiled programs go to JAX's persistent compilation cache (a directory
 under the system temp dir, or $FEDPRIV_TEST_JAX_CACHE), so the many short runs that compile the
 same programs (resume tests, engine comparisons, both xdist workers) compile each once.
+
+Scheduling under ``make test`` (``pytest -n 2 --dist loadfile --no-loadscope-reorder``): a test
+file runs whole on one worker, so a module-scoped fixture (a trained store, a prepared corpus) is
+built once; files are handed out in the order set here, the ones with the most slow tests first,
+so the run does not end with one worker on a long file while the other idles. (pytest-xdist
+3.8's ``loadgroup`` does not group under pytest 9: it rewrites ``item._nodeid``, which pytest 9
+no longer reads.)
 """
 
 import os
@@ -18,6 +25,21 @@ from pathlib import Path  # noqa: E402
 import pytest  # noqa: E402
 
 DATA = Path(__file__).parent / "data"
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(items):
+    """Files with more slow tests first (longest first is what balancing two workers needs); each
+    file's tests stay together and in their order. Deterministic: every xdist worker must collect
+    the same order."""
+    first: dict[str, int] = {}
+    slow: dict[str, int] = {}
+    for i, item in enumerate(items):
+        path = item.nodeid.split("::")[0]
+        first.setdefault(path, i)
+        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
+    order = {id(item): i for i, item in enumerate(items)}
+    items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], first[item.nodeid.split("::")[0]], order[id(item)]))
 
 
 @pytest.fixture(scope="session")

@@ -72,6 +72,7 @@ clip_norm = 0.5
 dp = { noise_multiplier = 1.0, delta = 1e-3 }
 [federated.flower]
 num_supernodes = 2
+client_num_cpus = 2  # one ClientApp actor on 2 cores (each actor imports JAX and prepares the data); the engine tests cover several
 """
 EXPERIMENT = BASE + """
 [federated]

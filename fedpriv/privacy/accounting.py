@@ -299,10 +299,28 @@ def _summary(events: list[GaussianSteps]) -> dict:
     )
 
 
+#: epsilon_for's answers by the exact question (``repr`` of the events, delta and accountant: 1 and
+#: 1.0 are different keys, so an answer echoes its question's own numbers). The accountants are
+#: pure functions of these; a calibration's bisection, a config check and the runs of one process
+#: (``fedpriv run``, the tests) ask the same questions again, and an RDP answer for sampling
+#: without replacement costs about a second of CPU.
+_EPSILON_ANSWERS: dict[str, PrivacyAnswer] = {}
+_EPSILON_ANSWERS_MAX = 4096
+
+
 def epsilon_for(events: list[GaussianSteps] | GaussianSteps, delta: float, accountant: AccountantName = "rdp") -> PrivacyAnswer:
-    """epsilon at ``delta`` for the composition of ``events``."""
+    """epsilon at ``delta`` for the composition of ``events`` (remembered per process, see ``_EPSILON_ANSWERS``)."""
     events = _events(events)
     check_delta(delta)
+    key = repr((events, delta, accountant))
+    if key not in _EPSILON_ANSWERS:
+        if len(_EPSILON_ANSWERS) >= _EPSILON_ANSWERS_MAX:
+            _EPSILON_ANSWERS.clear()
+        _EPSILON_ANSWERS[key] = _epsilon_for(events, delta, accountant)
+    return _EPSILON_ANSWERS[key]
+
+
+def _epsilon_for(events: list[GaussianSteps], delta: float, accountant: AccountantName) -> PrivacyAnswer:
     acc = _accountant(events, accountant)
     if accountant == "rdp":
         eps, order = acc.get_epsilon_and_optimal_order(delta)
