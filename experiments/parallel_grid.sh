@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Every run of an experiment in its own process (and its own store, since one process owns a store), for
+# a machine with an accelerator: the public runs first, then the others at once; then the run folders are
+# merged into one store and reported. Each process sizes its cohort chunks for the whole device, so with
+# many federated runs at once give a small chunk (SETS="--set federated.chunk_size=64"): the committed
+# arxiv-dp report (docs/private_comparison.md) lost five runs to GPU memory with chunks of 256 in 20 processes.
+#   EXP=experiments/arxiv-dp.toml SEEDS="0 1" BUDGET=3600 OUT=runs/arxiv-dp-logs W=/tmp/grid bash experiments/parallel_grid.sh
+# BUDGET: seconds for the whole grid; a run still training then is killed (its store W/RUN keeps its last
+# checkpoint: `fedpriv run EXP --out W/RUN --only RUN` resumes it). W must not exist yet.
+set -u
+EXP=${EXP:-experiments/arxiv-dp.toml}
+SEEDS=${SEEDS:-"0 1"}
+RUNS=${RUNS:-"sgd fedavg fedavg-clip dp-sgd-user dp-fedavg dp-fedavg-poisson dp-sgd-example blt-dp-sgd-user blt-dp-fedavg dp-fedavg-cold"}
+PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
+SETS=${SETS:-}   # e.g. "--set federated.chunk_size=256": given to every run alike
+OUT=${OUT:-/tmp/gridout}; mkdir -p $OUT
+W=${W:-/tmp/grid}
+[ -e "$W" ] && { echo "W=$W exists: remove it or choose another folder" >&2; exit 2; }
+mkdir -p $W
+T0=$(date +%s); BUDGET=${BUDGET:-540}
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+fp() { $PY -m fedpriv.cli "$@"; }
+for s in $SEEDS; do
+  fp run $EXP --out $W/public-s$s --only public-s$s --no-report $SETS > $OUT/public-s$s.log 2>&1 &
+done
+wait
+echo "public runs done after $(( $(date +%s) - T0 )) s"
+for s in $SEEDS; do [ -f $W/public-s$s/public-s$s/summary.json ] || { echo "public-s$s failed:"; tail -5 $OUT/public-s$s.log; exit 4; }; done
+for s in $SEEDS; do
+  for r in $RUNS; do
+    st=$W/$r-s$s; cp -a $W/public-s$s $st; rm -f $st/.fedpriv.lock
+    timeout $(( $(left) - 60 )) $PY -m fedpriv.cli run $EXP --out $st --only $r-s$s --no-report $SETS > $OUT/$r-s$s.log 2>&1 &
+  done
+done
+wait
+echo "runs ended after $(( $(date +%s) - T0 )) s"
+S=$W/store; cp -a $W/public-s${SEEDS%% *} $S; rm -f $S/.fedpriv.lock
+for s in $SEEDS; do
+  [ -d $S/public-s$s ] || cp -a $W/public-s$s/public-s$s $S/
+  for r in $RUNS; do cp -a $W/$r-s$s/$r-s$s $S/ 2>/dev/null; done
+done
+find $S -name .fedpriv.lock -delete
+fp report $S > $OUT/report.log 2>&1; echo "report rc=$?"
+cp -a $S/report $OUT/report 2>/dev/null; cp $S/experiment.json $OUT/ 2>/dev/null
+ls -la $OUT | head -40
+grep -hE "reached|missed|failed|error|Error|stopped|Traceback" $OUT/*.log | cut -c1-220 | tail -40
+echo "total $(( $(date +%s) - T0 )) s"
