@@ -34,7 +34,7 @@ import jax
 import numpy as np
 
 from fedpriv_side import export_nwp  # noqa: E402  (puts the checkout and benchmarks/ on sys.path)
-from federated_scale import warm_compile  # noqa: E402
+from federated_scale import proc_status, reset_peak, warm_compile  # noqa: E402
 
 from fedpriv.config import validate_config  # noqa: E402
 from fedpriv.engines.setup import FederatedSetup  # noqa: E402
@@ -60,21 +60,6 @@ def experiment(users: int, m: int, strategy: str, model: str, rounds: int = 1000
 def with_config(prepared, users: int, m: int, strategy: str, model: str, **kw):
     """``prepared`` (the data depend only on [data]/[vocab]/[task]) under another [federated]."""
     return dataclasses.replace(prepared, config=validate_config(experiment(users, m, strategy, model, **kw)))
-
-
-def proc_status(key: str) -> float:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(key + ":"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
-def reset_peak() -> bool:
-    try:
-        Path("/proc/self/clear_refs").write_text("5")
-        return True
-    except OSError:
-        return False
 
 
 def leaves(p) -> np.ndarray:

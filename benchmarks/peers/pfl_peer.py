@@ -56,7 +56,8 @@ NAMES = ["embed", "lstm_wi", "lstm_wh", "lstm_b", "projection_kernel", "projecti
 
 
 def proc_status(key: str) -> float:
-    """VmRSS / VmHWM of this process in MiB (Linux)."""
+    """VmRSS / VmHWM of this process in MiB (Linux). (A copy of benchmarks/federated_scale.py's: this
+    file runs in pfl's own environment, which cannot import fedpriv's benchmarks.)"""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
