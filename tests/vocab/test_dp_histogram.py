@@ -253,7 +253,7 @@ def _untouchable():
         ("gaussian", dict(sigma=200, delta=1e-9, tuple_size=0), "tuple_size"),
         ("gaussian", dict(sigma=200, delta=1e-9, tuple_size=2.5), "tuple_size"),
         ("gaussian", dict(sigma=200, delta=1e-9, threshold_rule="erf"), "threshold_rule"),
-        ("gaussian", dict(sigma=200, delta=1e-9, partition="user"), "partition"),
+        ("gaussian", dict(sigma=200, delta=1e-9, partition="users"), "partition"),
         ("laplace", dict(epsilon=0.0, delta=1e-9), "epsilon"),
         ("laplace", dict(epsilon=1.0, delta=2.0), "delta"),
         ("laplace", dict(epsilon=1.0, delta=0.01, tuple_size=256), "delta"),  # N * delta >= 1
