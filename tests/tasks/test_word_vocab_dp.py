@@ -122,3 +122,16 @@ def test_ner_user_partition_counts_normalized_tokens_per_user():
     hist = dp_histogram(per_user, "gaussian", seed=5, epsilon=0.9, delta=1e-5, tuple_size=128, partition="user")
     assert task.vocab.words == TokenVocab.from_counts(hist.counts, 300).words
     assert task.vocabulary_record["dp"]["unit"] == "user" and task.vocabulary_record["users_counted"] == corpus.num_users
+
+
+def test_nwp_prepare_on_a_synthetic_source_uses_the_per_user_histogram():
+    from fedpriv.runner.prepare import prepare
+
+    cfg = validate_config({"name": "v", "seed": 5, "data": {"source": SYNTH}, "task": {"kind": "nwp", "model": "tiny"},
+                           "vocab": {"size": 200, **USER_DP}})
+    p = prepare(cfg)
+    per_user = [[w for ex in exs for w in ex.words()] for _, exs in p.train.users()]  # the TRAINING users only
+    hist = dp_histogram(per_user, "gaussian", seed=5, epsilon=0.9, delta=1e-5, tuple_size=16, partition="user")
+    assert p.train.num_users < 600 and hist.units == p.train.num_users
+    assert p.task.vocab.words == WordVocab.from_counts(hist.counts, 200).words
+    assert p.task.vocabulary_record["dp"]["unit"] == "user" and p.task.vocabulary_record["users_counted"] == p.train.num_users
