@@ -234,8 +234,10 @@ class VocabConfig(_Strict):
     sigma: float | None = Field(None, gt=0.0, description="dp: Gaussian noise std in counts, instead of epsilon")
     delta: float = Field(1e-9, gt=0.0, lt=1.0, description="dp: delta")
     tuple_size: int = Field(256, ge=1, description="dp: N, words per tuple (gaussian) or per example (count, laplace)")
-    partition: Literal["stream", "example"] = Field(
-        "example", description="dp gaussian: tuples cut per example (one example of <= N words is one tuple, the unit DP-SGD protects too) or from the stream"
+    partition: Literal["stream", "example", "user"] = Field(
+        "example",
+        description="dp gaussian: tuples cut per example (one example of <= N words is one tuple, the unit DP-SGD protects too), from the stream, "
+        "or one tuple per user (its N most frequent distinct words; DP per user added or removed, the unit of DP-FedAvg and user-level DP-SGD)",
     )
     alphabet: Literal["data", "ascii"] = Field("data", description="BERT: ascii puts every printable ASCII character in the vocabulary (public, no privacy cost)")
     public: str | None = Field(

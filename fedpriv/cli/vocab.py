@@ -31,6 +31,7 @@ class Mechanism(str, Enum):
 class Partition(str, Enum):
     stream = "stream"
     example = "example"
+    user = "user"
 
 
 class Rule(str, Enum):
@@ -65,7 +66,7 @@ def build(
     sigma: Optional[float] = typer.Option(None, "--sigma", help="Gaussian noise std in counts (gaussian, count), instead of --epsilon."),
     delta: float = typer.Option(1e-9, "--delta", help="delta (per word for laplace); default 1e-9 as in Hoory et al."),
     tuple_size: int = typer.Option(256, "--tuple-size", help="N: words per tuple (gaussian), distinct words (laplace) or words (count) counted per example."),
-    partition: Partition = typer.Option(Partition.stream, "--partition", help="gaussian: cut tuples from the concatenated stream (the paper) or per example."),
+    partition: Partition = typer.Option(Partition.stream, "--partition", help="gaussian: cut tuples from the concatenated stream (the paper), per example, or one per user (its N most frequent distinct words; protects one user)."),
     threshold_rule: Rule = typer.Option(Rule.quantile, "--threshold-rule", help="quantile: sound Gaussian quantile; paper: the printed erfinv formula (weaker delta, reported)."),
     model_type: ModelType = typer.Option(ModelType.unigram, "--model-type", help="SentencePiece model type."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Reproducible DP noise from this seed, for simulations only (anyone with the seed can remove the noise; never stored). Default: secret noise from the OS CSPRNG."),

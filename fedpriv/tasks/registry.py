@@ -48,7 +48,7 @@ def build_task(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
             task = NWPTask(vocab, cfg.vocab.seq_len, cfg.task.model, **cfg.task.options)
             task.vocabulary_record = word_vocabulary_record(cfg, len(vocab.words), None)
             return task
-        counts, record = dp_word_histogram(cfg, (ex.words() for ex in train.records()))
+        counts, record = dp_word_histogram(cfg, train)
         vocab = WordVocab.from_counts(counts, cfg.vocab.size)
         task = NWPTask(vocab, cfg.vocab.seq_len, cfg.task.model, **cfg.task.options)
         task.vocabulary_record = {**record, "vocab_size": len(vocab.words)}
@@ -65,7 +65,7 @@ def build_task(cfg: ExperimentConfig, train: FederatedCorpus) -> Task:
             return task
         if "word_counts" in cfg.task.options:
             raise ConfigError("task.options: unknown key(s) word_counts for task 'ner'")
-        counts, record = dp_word_histogram(cfg, ([normalize_token(t) for t in ex.words()] for ex in records))
+        counts, record = dp_word_histogram(cfg, train, normalize_token)
         task = NERTask.from_examples(records, word_counts=counts, **cfg.task.options)
         task.vocabulary_record = {**record, "vocab_size": len(task.vocab.words)}
         return task
@@ -83,15 +83,24 @@ def word_vocabulary_record(cfg: ExperimentConfig, size: int, dp: dict | None) ->
     return {"source": cfg.data.source, "users": "training users", "kind": "word", "dp": dp, "vocab_size": size}
 
 
-def dp_word_histogram(cfg: ExperimentConfig, sequences) -> tuple[dict[str, float], dict]:
-    """(noisy word counts, vocabulary record) of ``vocab.dp``'s histogram over ``sequences`` (one
-    word list per training example), noise seeded by the experiment seed as for BERT's DP
+def dp_word_histogram(cfg: ExperimentConfig, train: FederatedCorpus, transform=None) -> tuple[dict[str, float], dict]:
+    """(noisy word counts, vocabulary record) of ``vocab.dp``'s histogram over the training users'
+    words (each passed through ``transform`` if given): one word list per training example, or per
+    training user with ``partition = "user"``; noise seeded by the experiment seed as for BERT's DP
     vocabulary. The record carries the histogram's parameters and guarantee (its own unit: a
-    tuple or an example, add or remove one) and the longest example in words, which decides
-    whether the chain report may compose it with example-level DP-SGD."""
-    from fedpriv.vocab.dp_histogram import dp_histogram
+    tuple, an example or a user, add or remove one) and the longest example in words (per user:
+    the users counted and the most words of one), which decides whether the chain report may
+    compose it with example-level DP-SGD."""
+    from fedpriv.vocab.dp_histogram import corpus_user_words, dp_histogram
 
     v = cfg.vocab
+    per_user = v.dp == "gaussian" and v.partition == "user"
+    if per_user:
+        sequences = corpus_user_words(train, transform)
+    elif transform is None:
+        sequences = (ex.words() for ex in train.records())
+    else:
+        sequences = ([transform(t) for t in ex.words()] for ex in train.records())
     longest, n = 0, 0
 
     def counted():
@@ -110,7 +119,10 @@ def dp_word_histogram(cfg: ExperimentConfig, sequences) -> tuple[dict[str, float
             f"({hist.units:,} {hist.params.unit}s); use less noise (larger epsilon or delta), a smaller tuple size, or more training users"
         )
     record = word_vocabulary_record(cfg, hist.words_kept, hist.to_dict())
-    record.update(examples=n, longest_example_words=longest, guarantee=hist.guarantee)
+    if per_user:
+        record.update(users_counted=n, longest_user_words=longest, guarantee=hist.guarantee)
+    else:
+        record.update(examples=n, longest_example_words=longest, guarantee=hist.guarantee)
     return hist.counts, record
 
 

@@ -39,6 +39,7 @@ from fedpriv.errors import EmptyCorpusError, FedprivError, PrivacyParameterError
 from fedpriv.vocab.dp_histogram import (
     DEFAULT_TUPLE_SIZE,
     MECHANISMS,
+    UserCounter,
     WordCounter,
     corpus_word_batches,
     counter_for,
@@ -231,7 +232,7 @@ def build_vocab(
     """Build a vocabulary of ``kind`` with at most ``size`` entries (see the module doc) and return the report.
 
     ``dp``: None (plain), ``"gaussian"`` (Hoory et al. tuples; ``tuple_size`` words per tuple,
-    ``partition`` stream or example), ``"laplace"`` (``epsilon`` per word) or ``"count"``
+    ``partition`` stream, example or user: one tuple per user), ``"laplace"`` (``epsilon`` per word) or ``"count"``
     (Ponomareva et al.; ``tuple_size`` words per example). Give ``sigma`` or a target ``epsilon``
     for the Gaussian forms. ``lowercase``: words are lowercased before counting (for uncased BERT
     tokenizers). ``alphabet``: ``"ascii"`` puts every printable ASCII character (lowercased with
@@ -281,7 +282,9 @@ def build_vocab(
             batch = [[w.lower() for w in words] for words in batch]
         longest = max(longest, max(len(words) for words in batch))
         plain.add_many(batch)
-        if mech is not None:
+        if isinstance(mech, UserCounter):
+            mech.add_user(batch)  # the batch is one user's examples: one tuple
+        elif mech is not None:
             mech.add_many(batch)
     true_counts = plain.finish()
     if not true_counts:

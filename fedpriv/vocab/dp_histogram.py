@@ -7,8 +7,12 @@ whole corpus in memory); each returns a :class:`DPHistogram` (noisy kept counts 
     The text is cut into consecutive ``N``-word tuples (``partition="stream"``: the records
     concatenated in corpus order, as BERT packs its 256-token training examples, which is what the
     paper does; ``partition="example"``: each example cut on its own, so a tuple never mixes two
-    examples). A tuple adds 1 to each *distinct* word it holds; N(0, sigma^2) is added to every
-    nonzero count; counts below C are dropped. The protected unit is one tuple (added or removed).
+    examples; ``partition="user"``: each user is one tuple, and the sequences are then one word
+    list per *user*, all its examples' words: its N most frequent distinct words, ties broken by
+    first occurrence, each counted once). A tuple adds 1 to each *distinct* word it holds;
+    N(0, sigma^2) is added to every nonzero count; counts below C are dropped. The protected unit
+    is one tuple (added or removed); with ``partition="user"`` one user, the L2 sensitivity being
+    sqrt(N) as for any tuple (at most N counts change by 1).
     Corollary 1: ``epsilon = sqrt(N)/sigma * sqrt(2 ln(1.25/delta))`` for ``0 < delta < 1.25 e^-1.5``.
     Theorem 1 (L2 bound k, L-inf bound m): ``epsilon = k/sigma * sqrt(2 ln(2.5/delta))``.
 
@@ -54,7 +58,7 @@ from fedpriv.errors import PrivacyParameterError
 Mechanism = Literal["gaussian", "laplace", "count"]
 MECHANISMS: tuple[str, ...] = ("gaussian", "laplace", "count")
 THRESHOLD_RULES: tuple[str, ...] = ("quantile", "paper")
-PARTITIONS: tuple[str, ...] = ("stream", "example")
+PARTITIONS: tuple[str, ...] = ("stream", "example", "user")
 
 #: Corollary 1 holds for 0 < delta < 1.25 e^(-3/2) (Hoory et al. 2021, Appendix B).
 COROLLARY1_DELTA_MAX = 1.25 * math.exp(-1.5)
@@ -201,12 +205,22 @@ class HistogramParams:
 
     @property
     def unit(self) -> str:
-        return f"{self.tuple_size}-word tuple" if self.mechanism == "gaussian" else "example"
+        if self.mechanism != "gaussian":
+            return "example"
+        return "user" if self.partition == "user" else f"{self.tuple_size}-word tuple"
 
     def guarantee(self) -> str:
         """The guarantee in words: the neighbouring relation, the unit and every parameter."""
         N, e, d, C, s = self.tuple_size, self.epsilon, self.delta, self.threshold, self.noise
-        if self.mechanism == "gaussian":
+        if self.mechanism == "gaussian" and self.partition == "user":
+            text = (
+                f"(epsilon={e:.6g}, delta={d:.3g})-DP histogram against adding or removing one user (Hoory et al. 2021, "
+                f"Corollary 1 with N={N}, the tuple being one user): each user adds 1 to each of its at most N={N} most "
+                f"frequent distinct words (ties broken by first occurrence; the rest ignored), so one user changes at most "
+                f"{N} counts by 1 (L2 sensitivity sqrt({N})); Gaussian noise sigma={s:.6g} on every nonzero count; "
+                f"counts below C={C:.6g} dropped."
+            )
+        elif self.mechanism == "gaussian":
             how = (
                 "the records, concatenated in corpus order, are cut into consecutive tuples (one tuple may span two "
                 "examples or users; an example or user spread over t tuples gets the t-fold group guarantee)"
@@ -429,6 +443,34 @@ class TupleCounter:
         return self.counts
 
 
+class UserCounter:
+    """One tuple per user: ``add(words)`` takes ALL of one user's words (its examples concatenated)
+    and adds 1 to each of its at most N most frequent distinct words, ties broken by first
+    occurrence (deterministic). ``units`` counts users (one with no words included)."""
+
+    def __init__(self, tuple_size: int):
+        self.N = tuple_size
+        self.counts: Counter = Counter()
+        self.units = 0
+
+    def add(self, words: Sequence[str]) -> None:
+        self.units += 1
+        freq = Counter(words)  # insertion order = first occurrence; most_common's sort is stable
+        self.counts.update(list(freq) if len(freq) <= self.N else [w for w, _ in freq.most_common(self.N)])
+
+    def add_many(self, batch: Sequence[Sequence[str]]) -> None:
+        """Many users, one word list each."""
+        for words in batch:
+            self.add(words)
+
+    def add_user(self, examples: Sequence[Sequence[str]]) -> None:
+        """One user given as the word lists of its examples."""
+        self.add(list(chain.from_iterable(examples)))
+
+    def finish(self) -> Counter:
+        return self.counts
+
+
 class DistinctCounter:
     """Each example counts each of its first N distinct words once (the Laplace histogram's input)."""
 
@@ -474,8 +516,10 @@ class CappedCounter:
         return self.counts
 
 
-def counter_for(params: HistogramParams) -> TupleCounter | DistinctCounter | CappedCounter:
+def counter_for(params: HistogramParams) -> TupleCounter | UserCounter | DistinctCounter | CappedCounter:
     """The streaming counter a mechanism's sensitivity analysis assumes."""
+    if params.mechanism == "gaussian" and params.partition == "user":
+        return UserCounter(params.tuple_size)
     if params.mechanism == "gaussian":
         return TupleCounter(params.tuple_size, params.partition)
     if params.mechanism == "laplace":
@@ -490,7 +534,7 @@ class DPHistogram:
 
     ``words_before`` is the number of distinct words with a nonzero true count in the mechanism's
     histogram (words past an example's cap of N are not in it); ``units`` the number of tuples
-    (gaussian) or examples (laplace, count) counted. Only ``counts`` and the
+    (gaussian; users with ``partition="user"``) or examples (laplace, count) counted. Only ``counts`` and the
     parameters are covered by the guarantee; ``words_before``/``words_dropped``/``units`` are
     computed from the raw data (for the data owner's eyes)."""
 
@@ -580,7 +624,8 @@ def gaussian_histogram(
     threshold_rule: str = "quantile",
     seed: int | np.random.Generator = 0,
 ) -> DPHistogram:
-    """Hoory et al. Corollary 1 over streamed word sequences (give sigma, or a target epsilon < 1)."""
+    """Hoory et al. Corollary 1 over streamed word sequences (give sigma, or a target epsilon < 1).
+    With ``partition="user"`` each sequence is one user's words (see :func:`corpus_user_words`)."""
     params = gaussian_params(sigma=sigma, epsilon=epsilon, delta=delta, tuple_size=tuple_size, partition=partition, threshold_rule=threshold_rule)
     return _run(sequences, params, seed)
 
@@ -613,7 +658,8 @@ def count_histogram(
 
 
 def dp_histogram(sequences: Iterable[Sequence[str]], mechanism: str, *, seed: int | np.random.Generator = 0, **kwargs) -> DPHistogram:
-    """Any of the three mechanisms by name (``gaussian``, ``laplace``, ``count``)."""
+    """Any of the three mechanisms by name (``gaussian``, ``laplace``, ``count``); ``sequences`` are
+    one word list per example, or per user for ``gaussian`` with ``partition="user"``."""
     return _run(sequences, mechanism_params(mechanism, **kwargs), seed)
 
 
@@ -629,3 +675,12 @@ def corpus_word_batches(corpus) -> Iterator[list[list[str]]]:
     for _, exs in corpus.users():
         if exs:
             yield [ex.words() for ex in exs]
+
+
+def corpus_user_words(corpus, transform=None) -> Iterator[list[str]]:
+    """Per user with examples, all its words (its examples' words concatenated, in source order),
+    each passed through ``transform`` if given: the sequences of ``partition="user"``."""
+    for _, exs in corpus.users():
+        if exs:
+            words = [w for ex in exs for w in ex.words()]
+            yield [transform(w) for w in words] if transform is not None else words

@@ -130,3 +130,22 @@ def test_dp_noise_is_secret_unless_seeded(tmp_path, capsys):
         assert "seed" not in r and r["noise"].startswith("reproducible (simulation only)")
     assert (tmp_path / "s" / "histogram.tsv").read_bytes() == (tmp_path / "t" / "histogram.tsv").read_bytes()
     assert (tmp_path / "s" / "histogram.tsv").read_text(encoding="utf-8") not in outs
+
+
+def test_gaussian_user_partition_one_tuple_per_user(tmp_path, capsys):
+    from fedpriv.data.sources import open_corpus
+    from fedpriv.vocab.dp_histogram import dp_histogram
+
+    spec = "synthetic:users=600,examples=3000,vocab_size=300,seed=1"
+    out = tmp_path / "u"
+    code, stdout, _ = run(capsys, spec, "--kind", "word", "--size", 200, "--dp", "gaussian", "--partition", "user", "--epsilon", 0.9,
+                          "--delta", 1e-5, "--tuple-size", 16, "--seed", 5, "--out", out, "--json")
+    assert code == 0
+    r = json.loads(stdout)
+    corpus = open_corpus(spec)
+    per_user = [[w for ex in exs for w in ex.words()] for _, exs in corpus.users()]
+    hist = dp_histogram(per_user, "gaussian", seed=5, epsilon=0.9, delta=1e-5, tuple_size=16, partition="user")
+    assert r["dp"]["unit"] == "user" and r["dp"]["partition"] == "user" and r["dp"]["units"] == 600 == hist.units
+    assert r["epsilon"] == pytest.approx(0.9, rel=1e-12) and "adding or removing one user" in r["guarantee"]
+    kept = {line.split("\t")[0] for line in (out / "histogram.tsv").read_text(encoding="utf-8").splitlines()}
+    assert kept == set(hist.counts) and 0 < len(kept) < r["distinct_words"]

@@ -83,3 +83,55 @@ def test_the_report_flags_a_dp_run_whose_vocabulary_is_not_private():
 def test_a_stored_config_with_every_vocab_key_at_its_default_still_validates():
     stored = _cfg("ner", {**DP}).model_dump(mode="json")  # config.json lists source = None, alphabet = "data", ...
     assert validate_config(stored).vocab.dp == "gaussian"
+
+
+SYNTH = "synthetic:users=600,examples=3000,vocab_size=300,seed=1"
+USER_DP = {**DP, "partition": "user"}
+
+
+def test_a_user_partition_config_validates_and_an_impossible_one_is_refused():
+    assert _cfg("nwp", {"size": 50, **USER_DP}).vocab.partition == "user"
+    with pytest.raises(ConfigError, match="epsilon"):  # the same checks as the other partitions, at validation
+        _cfg("nwp", {"size": 50, **USER_DP, "epsilon": 1.5})
+
+
+def test_nwp_user_partition_builds_the_histogram_over_the_training_users():
+    corpus = open_corpus(SYNTH)
+    cfg = _cfg("nwp", {"size": 200, **USER_DP})
+    task = build_task(cfg, corpus)
+    # one word list per training user, all its examples' words: the per-user histogram, seeded by the experiment seed
+    per_user = [[w for ex in exs for w in ex.words()] for _, exs in corpus.users()]
+    hist = dp_histogram(per_user, "gaussian", seed=5, epsilon=0.9, delta=1e-5, tuple_size=16, partition="user")
+    assert hist.units == corpus.num_users == 600
+    assert task.vocab.words == WordVocab.from_counts(hist.counts, 200).words and len(task.vocab.words) > 0
+    per_example = dp_histogram((ex.words() for ex in corpus.records()), "gaussian", seed=5, epsilon=0.9, delta=1e-5, tuple_size=16,
+                               partition="example")
+    assert per_example.counts != hist.counts  # not the per-example histogram under another name
+    rec = task.vocabulary_record
+    assert rec["dp"]["unit"] == "user" and rec["dp"]["partition"] == "user" and rec["users_counted"] == 600
+    assert "examples" not in rec and "longest_example_words" not in rec  # nothing the chain report could compose per example
+    assert max(map(len, per_user)) == rec["longest_user_words"]
+    note = coverage(cfg, task, "user").statement(1.0, 1e-5)
+    assert "separate DP stage, not included in this epsilon: (0.9, 1e-05)-DP per user added or removed (gaussian histogram" in note
+
+
+def test_ner_user_partition_counts_normalized_tokens_per_user():
+    corpus = open_corpus(NCBI, users="sentences:9")
+    task = build_task(_cfg("ner", {**USER_DP, "tuple_size": 128}, options={"vocab_size": 300}), corpus)
+    per_user = [[normalize_token(t) for ex in exs for t in ex.words()] for _, exs in corpus.users()]
+    hist = dp_histogram(per_user, "gaussian", seed=5, epsilon=0.9, delta=1e-5, tuple_size=128, partition="user")
+    assert task.vocab.words == TokenVocab.from_counts(hist.counts, 300).words
+    assert task.vocabulary_record["dp"]["unit"] == "user" and task.vocabulary_record["users_counted"] == corpus.num_users
+
+
+def test_nwp_prepare_on_a_synthetic_source_uses_the_per_user_histogram():
+    from fedpriv.runner.prepare import prepare
+
+    cfg = validate_config({"name": "v", "seed": 5, "data": {"source": SYNTH}, "task": {"kind": "nwp", "model": "tiny"},
+                           "vocab": {"size": 200, **USER_DP}})
+    p = prepare(cfg)
+    per_user = [[w for ex in exs for w in ex.words()] for _, exs in p.train.users()]  # the TRAINING users only
+    hist = dp_histogram(per_user, "gaussian", seed=5, epsilon=0.9, delta=1e-5, tuple_size=16, partition="user")
+    assert p.train.num_users < 600 and hist.units == p.train.num_users
+    assert p.task.vocab.words == WordVocab.from_counts(hist.counts, 200).words
+    assert p.task.vocabulary_record["dp"]["unit"] == "user" and p.task.vocabulary_record["users_counted"] == p.train.num_users

@@ -14,6 +14,7 @@ from fedpriv.vocab.dp_histogram import (
     CappedCounter,
     DistinctCounter,
     TupleCounter,
+    UserCounter,
     WordCounter,
     corollary1_epsilon,
     corollary1_sigma,
@@ -140,6 +141,7 @@ def test_distinct_and_capped_counters():
         lambda: TupleCounter(5, "example"),
         lambda: DistinctCounter(5),
         lambda: CappedCounter(5),
+        lambda: UserCounter(5),
         lambda: WordCounter(),
     ],
 )
@@ -253,7 +255,7 @@ def _untouchable():
         ("gaussian", dict(sigma=200, delta=1e-9, tuple_size=0), "tuple_size"),
         ("gaussian", dict(sigma=200, delta=1e-9, tuple_size=2.5), "tuple_size"),
         ("gaussian", dict(sigma=200, delta=1e-9, threshold_rule="erf"), "threshold_rule"),
-        ("gaussian", dict(sigma=200, delta=1e-9, partition="user"), "partition"),
+        ("gaussian", dict(sigma=200, delta=1e-9, partition="users"), "partition"),
         ("laplace", dict(epsilon=0.0, delta=1e-9), "epsilon"),
         ("laplace", dict(epsilon=1.0, delta=2.0), "delta"),
         ("laplace", dict(epsilon=1.0, delta=0.01, tuple_size=256), "delta"),  # N * delta >= 1
@@ -279,3 +281,89 @@ def test_laplace_assumption_delta_below_one_over_n():
     # Hoory et al. v1 assume delta < 1/n (n distinct words): 3 words and delta = 0.5 (per word) are refused.
     with pytest.raises(PrivacyParameterError, match="1/n"):
         laplace_histogram([["a"], ["b"], ["c"]], epsilon=0.5, delta=0.5, tuple_size=1)
+
+
+# ---- partition = "user": one tuple per user ------------------------------------------------------
+# A user with many examples: word frequencies a 4, b 3, c 1, d 1, e 1 (first occurrences in that order).
+USER_EXAMPLES = [["a", "b", "a"], ["c", "a", "d"], ["b", "e", "b", "a"]]
+
+
+def test_user_counter_counts_a_users_top_n_distinct_words_once():
+    u = UserCounter(3)
+    u.add_user(USER_EXAMPLES)  # top 3: a, b, then c (c, d, e tie at 1: the first occurrence wins)
+    u.add(["d", "d", "x"])  # 2 distinct <= N: both, once
+    u.add([])  # a user with no words: counted as a unit, adds nothing
+    assert u.finish() == Counter({"a": 1, "b": 1, "c": 1, "d": 1, "x": 1}) and u.units == 3
+    # the tie-break is by first occurrence, not alphabetical
+    v = UserCounter(2)
+    v.add(["z", "y", "z", "q", "y", "m"])  # z 2, y 2, q 1, m 1
+    v.add(["q", "m", "k"])  # all tie at 1: the first two
+    assert v.finish() == Counter({"z": 1, "y": 1, "q": 1, "m": 1})
+
+
+def test_adding_one_user_changes_at_most_n_counts_by_one():
+    # The sensitivity the calibration assumes: add or remove one user -> at most N counts change, each by 1
+    # (L2 norm <= sqrt(N)), however many examples and words the user has.
+    rng = np.random.default_rng(4)
+    users = [[f"w{int(x) % 50}" for x in rng.zipf(1.3, size=int(n))] for n in rng.integers(0, 400, size=60)]
+    N = 7
+    for i in range(len(users)):
+        with_u, without_u = UserCounter(N), UserCounter(N)
+        with_u.add_many(users)
+        without_u.add_many(users[:i] + users[i + 1 :])
+        diff = with_u.finish() - without_u.finish()
+        assert without_u.finish() - with_u.finish() == Counter()  # only increases
+        assert set(diff.values()) <= {1} and len(diff) == min(N, len(set(users[i])))
+        assert math.sqrt(sum(v * v for v in diff.values())) <= math.sqrt(N)
+
+
+def test_user_partition_calibration_uses_sqrt_n_and_corollary1_threshold():
+    eps, delta = 0.5, 1e-6
+    for N in (4, 16):
+        p = gaussian_params(epsilon=eps, delta=delta, tuple_size=N, partition="user")
+        # sensitivity sqrt(N): sigma = sqrt(N) * sqrt(2 ln(1.25/delta)) / epsilon, written out here
+        assert p.noise == pytest.approx(math.sqrt(N) * math.sqrt(2 * math.log(1.25 / delta)) / eps, rel=1e-12)
+        assert p.epsilon == pytest.approx(eps, rel=1e-12) and p.delta == delta
+        # the same Corollary-1 threshold as the per-example tuples, with the same parameters
+        assert p.threshold == pytest.approx(1 + p.noise * norm.isf(delta / N), rel=1e-12)
+        assert p.threshold == gaussian_params(sigma=p.noise, delta=delta, tuple_size=N, partition="example").threshold
+    s4 = gaussian_params(epsilon=eps, delta=delta, tuple_size=4, partition="user").noise
+    s16 = gaussian_params(epsilon=eps, delta=delta, tuple_size=16, partition="user").noise
+    assert s16 / s4 == pytest.approx(2.0, rel=1e-12)  # sqrt(16) / sqrt(4)
+    with pytest.raises(PrivacyParameterError, match="epsilon"):  # the same epsilon < 1 requirement
+        gaussian_params(epsilon=1.5, delta=delta, tuple_size=4, partition="user")
+
+
+def test_user_partition_noise_has_the_calibrated_std():
+    p = gaussian_params(epsilon=0.8, delta=1e-6, tuple_size=9, partition="user")
+    sigma = 3 * math.sqrt(2 * math.log(1.25e6)) / 0.8
+    true = int(p.threshold + 20 * sigma)
+    h = release(_same_count_histogram(true), p, seed=13)
+    noise = np.array(list(h.counts.values())) - true
+    assert len(noise) == N_WORDS
+    assert abs(noise.std() / sigma - 1) < 0.03  # the sample std's standard error is 0.5%: 6 of them
+
+
+def test_user_histogram_is_the_per_user_counts_plus_the_seeded_noise():
+    # 300 users of 4 examples each; every user says "the" many times; user i also says u{i % 3} and rare words.
+    users = [[["the", "the", f"u{i % 3}"], ["the", f"r{i}"], ["the"], [f"u{i % 3}", "the"]] for i in range(300)]
+    seqs = [[w for ex in exs for w in ex] for exs in users]
+    h = gaussian_histogram(seqs, epsilon=0.9, delta=1e-5, tuple_size=2, partition="user", seed=3)
+    # N = 2: each user counts "the" (5x) and u{i%3} (2x) once; its rare word (1x) is past its top 2
+    true = {"the": 300, "u0": 100, "u1": 100, "u2": 100}
+    assert h.units == 300 and h.words_before == 4
+    words = sorted(true)
+    noisy = np.array([true[w] for w in words], float) + np.random.default_rng(3).normal(0.0, h.sigma, size=4)
+    assert h.counts == {w: float(x) for w, x in zip(words, noisy) if x >= h.threshold}
+    assert "the" in h.counts  # 300 >> C
+
+
+def test_user_partition_guarantee_names_the_user():
+    p = gaussian_params(sigma=200, delta=1e-9, tuple_size=256, partition="user")
+    assert p.unit == "user"
+    g = p.guarantee()
+    assert "against adding or removing one user" in g and "at most N=256 most frequent distinct words" in g
+    assert "sqrt(256)" in g and "tuple" not in p.unit
+    d = p.to_dict()
+    assert d["unit"] == "user" and d["partition"] == "user" and d["guarantee"] == g
+    assert gaussian_params(sigma=200, delta=1e-9, tuple_size=256, partition="example").unit == "256-word tuple"  # unchanged
