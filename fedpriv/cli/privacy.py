@@ -157,10 +157,15 @@ class _MF:
         return {"--bands": self.bands, "--buffers": self.buffers, "--max-participations": self.max_participations, "--min-separation": self.min_separation}
 
 
-def _correlated_event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, mf: _MF) -> CorrelatedSteps:
+def _correlated_event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, mf: _MF,
+                      unit: str = "example") -> CorrelatedSteps:
+    """The event of ``event``: DP-FedAvg's unit is the user; DP-SGD's is ``--unit`` (example, or user for user-level DP-SGD)."""
     from fedpriv.privacy.correlated import CyclicSchedule, make_strategy
 
-    mechanism, unit = _CORRELATED_EVENTS[event]
+    mechanism, default_unit = _CORRELATED_EVENTS[event]
+    if unit not in ("example", "user"):
+        raise PrivacyParameterError(f"--unit: example or user, got {unit!r}")
+    unit = unit if default_unit == "example" else "user"
     if batch is None or not float(batch).is_integer():
         raise PrivacyParameterError(f"--batch: {event.value} takes a whole cohort B (the cyclic schedule's group size), got {batch}")
     if shards != 1 or micro_steps != 1:
@@ -176,7 +181,7 @@ def _correlated_event(event: Event, z: float, population: int, batch: Optional[f
 
 def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str, mf: _MF = _MF()) -> GaussianSteps | CorrelatedSteps:
     if event in _CORRELATED_EVENTS:
-        return _correlated_event(event, z, population, batch, steps, shards, micro_steps, mf)
+        return _correlated_event(event, z, population, batch, steps, shards, micro_steps, mf, unit)
     if any(v is not None for v in mf.options().values()):
         raise PrivacyParameterError(f"--bands, --buffers, --max-participations and --min-separation apply to the correlated-noise events, not {event.value}")
     if event is Event.no_sampling:
@@ -277,7 +282,7 @@ def epsilon_cmd(
                    "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
     if (delta is None) == (epsilon is None):
         raise PrivacyParameterError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
-    note = _delta_vs_population(delta, population, _CORRELATED_EVENTS[event][1] if event in _CORRELATED_EVENTS else unit, allow_large_delta)
+    note = _delta_vs_population(delta, population, (unit if _CORRELATED_EVENTS[event][1] == "example" else "user") if event in _CORRELATED_EVENTS else unit, allow_large_delta)
     ev = _event(event, noise_multiplier, population, batch, steps, shards, micro_steps, unit, mf)
     answers = []
     for acc in _accountants(ev, accountant):
@@ -309,7 +314,7 @@ def calibrate_cmd(
     mf = _MF(bands, buffers, max_participations, min_separation)
     check_options({"--target-epsilon": target_epsilon, "--delta": delta, "--population": population, "--batch": batch, "--steps": steps,
                    "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
-    note = _delta_vs_population(delta, population, _CORRELATED_EVENTS[event][1] if event in _CORRELATED_EVENTS else unit, allow_large_delta)
+    note = _delta_vs_population(delta, population, (unit if _CORRELATED_EVENTS[event][1] == "example" else "user") if event in _CORRELATED_EVENTS else unit, allow_large_delta)
     if accountant is Accountant.all:
         raise PrivacyParameterError("--accountant: calibrate against one accountant, rdp or pld")
     template = _event(event, 1.0, population, batch, steps, shards, micro_steps, unit, mf)

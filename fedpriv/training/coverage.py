@@ -72,13 +72,17 @@ class Coverage:
     notes: tuple[str, ...] = ()
     group_size: int = 1
     group_why: str = ""
+    raw_figure: bool = True  # False under a correlated-noise mechanism (its schedule is by record index)
 
     def statement(self, epsilon: float | None, delta: float | None) -> str:
         """The text after the guarantee ('' when there is nothing to add)."""
         parts = list(self.notes)
         if self.group_size > 1:
             text = f"epsilon is with respect to the filtered training data: {self.group_why}"
-            if epsilon is not None and delta is not None:
+            if not self.raw_figure:
+                text += ("; no raw-data figure is given: under the correlated-noise mechanism's cyclic schedule a filter can move "
+                         "records between the fixed groups (or change N, and with it the schedule), which its zero-out-one epsilon does not cover")
+            elif epsilon is not None and delta is not None:
                 ek, dk = group_privacy(epsilon, delta, self.group_size)
                 text += (f"; on the raw data, adding or removing one example changes up to {self.group_size} training examples, so by group "
                          f"privacy (Vadhan 2017, Lemma 2.2) epsilon = {ek:.4g} at delta = {dk:.3g}")
@@ -93,4 +97,5 @@ def coverage(cfg: ExperimentConfig, task: Any, unit: str, log_private_stats: boo
     if log_private_stats:
         notes.append(PRIVATE_STATS_WARNING)
     k, why = filter_group(cfg.data) if unit == "example" else (1, "")
-    return Coverage(tuple(notes), k, why)
+    correlated = cfg.privacy is not None and cfg.privacy.mechanism != "gaussian"
+    return Coverage(tuple(notes), k, why, raw_figure=not correlated)

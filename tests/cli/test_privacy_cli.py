@@ -159,6 +159,20 @@ def test_banded_mf_epsilon_equals_jax_privacy_and_dp_accounting(capsys):
     assert err.startswith("fedpriv: error: --max-participations = 2: 120 steps over 50 groups of 100") and err.count("\n") == 1
 
 
+def test_a_correlated_dpsgd_event_takes_its_unit_and_fedavg_protects_users(capsys):
+    """`--unit user` (user-level DP-SGD) is honoured by the DP-SGD events, not silently read as example-level;
+    the unit does not change epsilon; a DP-FedAvg event protects users."""
+    argv = ["privacy", "epsilon", "--bands", "2", "-z", "2.5", "-N", "5000", "-B", "100", "--steps", "120", "--delta", "1e-6", "--json"]
+    answers = {}
+    for event, unit in (("banded-mf-dpsgd", "example"), ("banded-mf-dpsgd", "user"), ("banded-mf-fedavg", "example")):
+        assert main([*argv, "-e", event, "--unit", unit]) == 0
+        answers[event, unit] = json.loads(capsys.readouterr().out)["answers"]
+    assert [a["unit"] for a in answers["banded-mf-dpsgd", "example"]] == ["example"] * 2
+    assert [a["unit"] for a in answers["banded-mf-dpsgd", "user"]] == ["user"] * 2
+    assert [a["unit"] for a in answers["banded-mf-fedavg", "example"]] == ["user"] * 2
+    assert [a["epsilon"] for a in answers["banded-mf-dpsgd", "user"]] == [a["epsilon"] for a in answers["banded-mf-dpsgd", "example"]]
+
+
 @pytest.mark.slow
 def test_blt_epsilon_and_calibration_equal_jax_privacy_and_dp_accounting(capsys):
     import jax

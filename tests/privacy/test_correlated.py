@@ -200,3 +200,26 @@ def test_blt_inverse_equals_jax_privacy_build_inverse():
         b, s_theirs = theirs.multiply_next(y, s_theirs)
         for name in TREE:
             np.testing.assert_allclose(np.asarray(a[name]), np.asarray(b[name]), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("mechanism", ["blt", "banded-mf"])
+def test_secure_noise_is_refused_with_a_correlated_mechanism(mechanism):
+    """The state a correlated mechanism checkpoints is the noise itself (BLT's first buffer is the running sum
+    of every draw; banded MF keeps the last draws verbatim), so with it a released model's noise could be
+    subtracted: a secret noise source promises nothing then, and is refused before any data is read."""
+    from fedpriv.config import validate_config
+    from fedpriv.errors import ConfigError
+    from fedpriv.training.noise import with_secure_noise
+
+    keys = {"mechanism": mechanism, **({"bands": 2} if mechanism == "banded-mf" else {})}
+    base = {"name": "s", "data": {"source": "shakespeare"}, "task": {"kind": "nwp", "model": "tiny"}}
+    central = {**base, "privacy": {"clip_norm": 1.0, "noise_multiplier": 2.0, "delta": 1e-6, **keys}}
+    fed = {**base, "federated": {"strategy": "dp-fedavg", "rounds": 2, "clients_per_round": 4, "clip_norm": 1.0,
+                                 "dp": {"noise_multiplier": 2.0, "delta": 1e-6, **keys}}}
+    with pytest.raises(ConfigError, match="secure_noise is not supported with mechanism"):
+        validate_config({**central, "privacy": {**central["privacy"], "secure_noise": True}})
+    with pytest.raises(ConfigError, match="secure_noise is not supported with mechanism"):
+        validate_config({**fed, "federated": {**fed["federated"], "dp": {**fed["federated"]["dp"], "secure_noise": True}}})
+    for raw in (central, fed):  # `--secure-noise` on the command line: the same refusal
+        with pytest.raises(ConfigError, match="secure_noise is not supported with mechanism"):
+            with_secure_noise(validate_config(raw))

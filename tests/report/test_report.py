@@ -265,6 +265,23 @@ def test_without_a_dp_run_the_epsilon_plot_is_skipped_and_said_so(store, tmp_pat
         _assert_png(out / name)
 
 
+@pytest.mark.slow
+def test_an_empirical_bound_above_epsilon_is_a_bug_only_where_the_relations_match(store, tmp_path):
+    """A lower bound above the accountant's epsilon proves a privacy bug only when that epsilon bounds the
+    audit's relation (added or removed canaries); for replace-one or zero-out epsilons it is a strong sign."""
+    copy = _copy(store, tmp_path / "store")
+    for run, bounds in (("dp-sgd", True), ("dp-fedavg", False)):
+        path = copy / run / "summary.json"
+        s = json.loads(path.read_text())
+        s["empirical"] = {"kind": "example", "unit": "example", "canaries": 100, "epsilon_lower_bound": s["epsilon"] * 2, "delta": s["delta"],
+                          "accountant_bounds_audit": bounds}
+        path.write_text(json.dumps(s))
+    md = (write_report(copy) / "comparison.md").read_text()
+    assert "PRIVACY BUG: the empirical lower bound exceeds the accountant's epsilon for dp-sgd." in md
+    assert "exceeds the accountant's epsilon for dp-fedavg, whose epsilon is for another neighbouring relation" in md
+    assert "PRIVACY BUG: the empirical lower bound exceeds the accountant's epsilon for dp-sgd, dp-fedavg" not in md
+
+
 # ---- fast: no store ------------------------------------------------------------------------------------------
 def test_a_directory_without_experiment_json_is_refused(tmp_path):
     (tmp_path / "some-run").mkdir()

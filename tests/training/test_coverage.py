@@ -61,3 +61,18 @@ def test_the_guarantee_states_the_filtered_data_and_the_raw_data_figure():
     assert "epsilon is with respect to the filtered training data: data.max_examples_per_user = 8 keeps each user's first 8" in g
     assert f"epsilon = {2 * eps:.4g} at delta = {delta * (1 + math.exp(eps)):.3g}" in g  # group of 2: (2 eps, (1 + e^eps) delta)
     assert Coverage((), 1, "").statement(eps, delta) == ""
+
+
+def test_a_correlated_noise_run_gives_no_raw_data_figure():
+    """Group privacy over the filters assumes the sampling is symmetric in record order; the cyclic schedule
+    of a correlated-noise mechanism is by record index (and by N), so its guarantee gives no raw-data figure."""
+    from fedpriv.config import validate_config
+    from fedpriv.training.coverage import coverage
+
+    raw = {"name": "c", "data": {"source": "shakespeare", "max_examples_per_user": 8}, "task": {"kind": "nwp", "model": "tiny"},
+           "privacy": {"clip_norm": 1.0, "noise_multiplier": 2.0, "delta": 1e-6}}
+    gaussian = coverage(validate_config(raw), None, "example").statement(1.0, 1e-6)
+    blt = coverage(validate_config({**raw, "privacy": {**raw["privacy"], "mechanism": "blt"}}), None, "example").statement(1.0, 1e-6)
+    assert "by group privacy" in gaussian and "no raw-data figure" not in gaussian
+    assert "epsilon is with respect to the filtered training data" in blt
+    assert "no raw-data figure is given" in blt and "by group privacy" not in blt
