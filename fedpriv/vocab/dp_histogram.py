@@ -443,34 +443,6 @@ class TupleCounter:
         return self.counts
 
 
-class UserCounter:
-    """One tuple per user: ``add(words)`` takes ALL of one user's words (its examples concatenated)
-    and adds 1 to each of its at most N most frequent distinct words, ties broken by first
-    occurrence (deterministic). ``units`` counts users (one with no words included)."""
-
-    def __init__(self, tuple_size: int):
-        self.N = tuple_size
-        self.counts: Counter = Counter()
-        self.units = 0
-
-    def add(self, words: Sequence[str]) -> None:
-        self.units += 1
-        freq = Counter(words)  # insertion order = first occurrence; most_common's sort is stable
-        self.counts.update(list(freq) if len(freq) <= self.N else [w for w, _ in freq.most_common(self.N)])
-
-    def add_many(self, batch: Sequence[Sequence[str]]) -> None:
-        """Many users, one word list each."""
-        for words in batch:
-            self.add(words)
-
-    def add_user(self, examples: Sequence[Sequence[str]]) -> None:
-        """One user given as the word lists of its examples."""
-        self.add(list(chain.from_iterable(examples)))
-
-    def finish(self) -> Counter:
-        return self.counts
-
-
 class DistinctCounter:
     """Each example counts each of its first N distinct words once (the Laplace histogram's input)."""
 
@@ -493,6 +465,26 @@ class DistinctCounter:
 
     def finish(self) -> Counter:
         return self.counts
+
+
+class UserCounter(DistinctCounter):
+    """One tuple per user: ``add(words)`` takes ALL of one user's words (its examples concatenated)
+    and adds 1 to each of its at most N most frequent distinct words, ties broken by first
+    occurrence (deterministic). ``units`` counts users (one with no words included)."""
+
+    def add(self, words: Sequence[str]) -> None:
+        self.units += 1
+        freq = Counter(words)  # insertion order = first occurrence; most_common's sort is stable
+        self.counts.update(list(freq) if len(freq) <= self.N else [w for w, _ in freq.most_common(self.N)])
+
+    def add_many(self, batch: Sequence[Sequence[str]]) -> None:
+        """Many users, one word list each."""
+        for words in batch:
+            self.add(words)
+
+    def add_user(self, examples: Sequence[Sequence[str]]) -> None:
+        """One user given as the word lists of its examples."""
+        self.add(list(chain.from_iterable(examples)))
 
 
 class CappedCounter:
