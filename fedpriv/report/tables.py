@@ -39,13 +39,14 @@ from typing import Any
 
 from fedpriv.errors import FedprivError
 from fedpriv.memorization.audit import configuration_label
-from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
+from fedpriv.privacy.accounting import GaussianSteps, PLDTooCostly, epsilon_for
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.report import plots
 from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown, source_key
 from fedpriv.report.intervals import Estimate, interval, paired_difference
 from fedpriv.report.measurements import write_measurements
 from fedpriv.report.warmstart import public_flag, public_notes, start_label
+from fedpriv.training.coverage import PUBLIC_VOCAB_USERS
 from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir, claim, hold, read_store_record
 
 REPORT_DIR = "report"
@@ -184,17 +185,21 @@ def run_flag(summary: Mapping[str, Any]) -> str:
     return "; ".join(flags)
 
 
-def not_covered(summary: Mapping[str, Any]) -> str:
+def not_covered(summary: Mapping[str, Any], public_vocabulary: bool = False) -> str:
     """What a DP run released or logged that its epsilon does not cover ('' for a run without DP,
     which covers nothing): a vocabulary learned from its training data without DP, filters that are
     not 1-stable under an example-level guarantee (epsilon is about the filtered data), private
-    statistics logged on request (issue 30)."""
+    statistics logged on request (issue 30). ``public_vocabulary``: the run's config has a public
+    split (``data.public_fraction``), from which alone the vocabulary is learned (runs from before
+    their vocabulary record said so name the training users)."""
     if not is_private(summary):
         return ""
     out = []
     vocab = summary.get("vocabulary")
     vocab = vocab if isinstance(vocab, Mapping) else None
-    if vocab is None and summary.get("task") in ("nwp", "ner"):  # a run from before vocabulary records: learned from its training users
+    if public_vocabulary or (vocab and vocab.get("users") == PUBLIC_VOCAB_USERS):
+        pass  # learned from the public users only: nothing of the private users to cover
+    elif vocab is None and summary.get("task") in ("nwp", "ner"):  # a run from before vocabulary records: learned from its training users
         out.append("vocabulary not private (learned from the training users without DP)")
     elif vocab and not vocab.get("dp") and source_key(str(vocab.get("source"))) == source_key(str(summary.get("data_source"))):
         out.append(f"vocabulary not private ({vocab.get('vocab_size')} entries learned from {vocab.get('users') or 'the training data'} without DP)")
@@ -264,7 +269,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "empirical_canaries": (s.get("empirical") or {}).get("canaries"),
             "assumptions": assumptions,
             "flag": run_flag(s),
-            "not_covered": not_covered(s),
+            "not_covered": not_covered(s, public_vocabulary=has_public_split(run)),
         })
     return rows
 
@@ -473,7 +478,10 @@ def epsilon_curves(events: Sequence[GaussianSteps], delta: float, accountant: st
 
     Every point is :func:`fedpriv.privacy.accounting.epsilon_for` on the event with one field
     replaced, and every panel contains the run's own parameters (``own``), whose epsilon is the
-    run's. A ledger of more than one entry (a mechanism changed mid-run) is refused."""
+    run's. A point the run's accountant refuses as too costly (PLD far from the run's own noise:
+    :class:`~fedpriv.privacy.accounting.PLDTooCostly`) is NaN, listed in the panel's ``skipped``,
+    and left out of the plot; it is never answered by another accountant. The run's own point is
+    always computed. A ledger of more than one entry (a mechanism changed mid-run) is refused."""
     if len(events) != 1:
         raise FedprivError(f"epsilon curves need a ledger of one mechanism, got {len(events)} entries")
     ev = events[0]
@@ -481,32 +489,48 @@ def epsilon_curves(events: Sequence[GaussianSteps], delta: float, accountant: st
     def eps(e: GaussianSteps) -> float:
         return epsilon_for(e, delta, accountant).epsilon  # type: ignore[arg-type]
 
+    def point(e: GaussianSteps) -> float:
+        try:
+            return eps(e)
+        except PLDTooCostly:
+            return math.nan
+
     q = ev.sampling_probability
     epochs = ev.steps * q
     panels = []
     sigmas = _geometric(ev.noise_multiplier, 4.0, points)
     panels.append({"parameter": "noise_multiplier", "label": "noise multiplier σ (per draw)", "x": sigmas,
-                   "epsilon": [eps(replace(ev, noise_multiplier=s)) for s in sigmas], "own": ev.noise_multiplier, "log_x": True})
+                   "epsilon": [point(replace(ev, noise_multiplier=s)) for s in sigmas], "own": ev.noise_multiplier, "log_x": True})
     steps = _integers(_geometric(ev.steps, 10.0, points), 1, 10**9, ev.steps)
     step_x = [float(s) for s in steps] if kind == "federated" else [s * q for s in steps]
     panels.append({"parameter": "rounds" if kind == "federated" else "epochs",
                    "label": "rounds" if kind == "federated" else "epochs (steps × B/N)", "x": step_x,
-                   "epsilon": [eps(ev.with_steps(s)) for s in steps], "own": float(ev.steps) if kind == "federated" else epochs, "log_x": True})
+                   "epsilon": [point(ev.with_steps(s)) for s in steps], "own": float(ev.steps) if kind == "federated" else epochs, "log_x": True})
     if ev.sampling not in ("none", "cyclic"):  # (a correlated-noise run's groups follow its batch: no batch panel)
         batches = _integers(_geometric(ev.batch, 8.0, points), 1, ev.population, round(ev.batch))
         if float(ev.batch) not in batches:  # a fractional expected batch: keep the run's own exactly
             batches = sorted(set(batches) | {ev.batch})
-        values = [eps(replace(ev, batch=float(b), steps=ev.steps if b == ev.batch else max(1, round(epochs * ev.population / b)))) for b in batches]
+        values = [point(replace(ev, batch=float(b), steps=ev.steps if b == ev.batch else max(1, round(epochs * ev.population / b)))) for b in batches]
         unit = "users per round" if kind == "federated" else "batch size (records)"
         panels.append({"parameter": "batch", "label": f"{unit}, {epochs:.3g} epochs held", "x": [float(b) for b in batches],
                        "epsilon": values, "own": float(ev.batch), "log_x": True})
+    for p in panels:
+        p["skipped"] = [x for x, e in zip(p["x"], p["epsilon"]) if math.isnan(e)]
     return {"epsilon": eps(ev), "delta": delta, "accountant": accountant, "event": ev, "panels": panels}
 
 
+def has_public_split(run: Mapping[str, Any]) -> bool:
+    """The run's config moves users to a public split (``data.public_fraction > 0``), from which
+    its vocabulary is learned (``fedpriv.runner.prepare``)."""
+    data = (run.get("config") or {}).get("data") or {}
+    return float(data.get("public_fraction") or 0.0) > 0.0
+
+
 def run_accountant(run: Mapping[str, Any]) -> str:
-    """The accountant a run's config names ('rdp' unless its privacy/federated section says 'pld')."""
+    """The accountant a run's config names ('rdp' unless its ``[privacy]`` (central) or
+    ``[federated.dp]`` section says 'pld'): the one its summary's epsilon used."""
     cfg = run.get("config") or {}
-    section = cfg.get("privacy") if run.get("kind") == "central" else cfg.get("federated")
+    section = cfg.get("privacy") if run.get("kind") == "central" else (cfg.get("federated") or {}).get("dp")
     return str((section or {}).get("accountant") or "rdp")
 
 
@@ -771,6 +795,10 @@ def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]
             continue
         c = epsilon_curves(events, float(s["delta"]), run_accountant(run), s.get("kind", run["kind"]))
         c["run"] = run["name"]
+        for p in c["panels"]:
+            if p["skipped"]:
+                notes.append(f"{run['name']}: epsilon_vs_parameters.png leaves out {p['label']} = {', '.join(f'{x:.4g}' for x in p['skipped'])}, "
+                             f"where the {c['accountant'].upper()} accountant would take minutes and gigabytes (not answered by another accountant).")
         if not math.isclose(c["epsilon"], float(s["epsilon"]), rel_tol=1e-6):
             notes.append(f"{run['name']}: the ledger gives epsilon {c['epsilon']:.6g}, the summary {s['epsilon']:.6g}.")
         out.append(c)

@@ -45,6 +45,7 @@ from fedpriv.runner.privatize import privatize_training_corpus
 from fedpriv.tasks.base import Batch, Task
 from fedpriv.tasks.registry import build_task, check_task
 from fedpriv.training.prepared import Prepared
+from fedpriv.training.coverage import PUBLIC_VOCAB_USERS
 
 ENCODE_CHUNK = 4096
 #: The public split's name (``data.public_fraction`` / ``public_source``; ``data.train_on = "public"``).
@@ -234,6 +235,8 @@ def prepare(config: ExperimentConfig | str | os.PathLike[str], log: Callable[[st
     if public is not None:  # the vocabulary is learned from the public data only: nothing of the private users leaks through it
         say(f"public data: {public.num_users} users, {public.num_examples} examples (never trained on privately, no canaries); the vocabulary is learned from it")
         task = build_task(cfg, public)
+        if getattr(task, "vocabulary_record", None):
+            task.vocabulary_record = {**task.vocabulary_record, "users": PUBLIC_VOCAB_USERS}
         if cfg.data.train_on == PUBLIC:
             public.info[PUBLIC] = {**train.info.get(PUBLIC, {}), "trained_on": True}
             train = public

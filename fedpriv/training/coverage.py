@@ -30,10 +30,15 @@ PRIVATE_STATS_WARNING = ("private statistics logged (--log-private-stats): the t
                          "counts, delta norms and the unnoised loss, which epsilon does not cover; do not publish metrics.jsonl")
 
 
+#: ``vocabulary_record["users"]`` of a vocabulary learned from the public split (``data.public_fraction``).
+PUBLIC_VOCAB_USERS = "public users"
+
+
 def vocabulary_note(record: dict[str, Any] | None, cfg: ExperimentConfig) -> str | None:
     """What the guarantee says of the run's vocabulary (``task.vocabulary_record``), or None when
-    it was not learned from this run's private data (or the task keeps no record)."""
-    if not record:
+    it was not learned from this run's private data (the public split, another source) or the task
+    keeps no record."""
+    if not record or record.get("users") == PUBLIC_VOCAB_USERS:
         return None
     if str(record.get("source")) != str(cfg.data.source):
         return None  # another source: its own stage (the chain report states it)

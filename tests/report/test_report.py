@@ -514,3 +514,24 @@ def test_memorized_bars_legend_covers_no_bar_and_labels_fit():
     for artist in [ax.get_legend(), *ax.get_xticklabels()]:
         box = artist.get_window_extent(renderer)
         assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0, artist
+
+
+def test_epsilon_curves_leave_out_points_the_pld_accountant_refuses():
+    """A PLD run's sigma panel reaches sigma/4 = 0.28, under the PLD accountant's bound (0.3): that
+    point is NaN and listed as skipped (never answered by RDP instead); the run's own point is exact."""
+    event = GaussianSteps("poisson", 1.11, 1000, 100.0, 20, "user")
+    curves = epsilon_curves([event], 1e-5, "pld", "central", points=3)
+    sigma = curves["panels"][0]
+    assert sigma["x"][0] == pytest.approx(1.11 / 4) and math.isnan(sigma["epsilon"][0])
+    assert sigma["skipped"] == [sigma["x"][0]]
+    assert sigma["epsilon"][1] == pytest.approx(epsilon_for(event, 1e-5, "pld").epsilon, rel=1e-12) == curves["epsilon"]
+    assert all(math.isfinite(e) for e in sigma["epsilon"][1:])
+
+
+def test_run_accountant_reads_the_federated_dp_section():
+    """DP-FedAvg names its accountant under [federated.dp]: the report's curves must use it (a PLD
+    run's curves computed by RDP disagreed with its summary's epsilon)."""
+    assert run_accountant({"kind": "federated", "config": {"federated": {"dp": {"accountant": "pld"}}}}) == "pld"
+    assert run_accountant({"kind": "federated", "config": {"federated": {"dp": None}}}) == "rdp"
+    assert run_accountant({"kind": "central", "config": {"privacy": {"accountant": "pld"}}}) == "pld"
+    assert run_accountant({"kind": "central", "config": {}}) == "rdp"

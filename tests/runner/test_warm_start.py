@@ -15,6 +15,7 @@ from fedpriv.config import validate_config
 from fedpriv.errors import ConfigError
 from fedpriv.rundir import RunDir
 from fedpriv.runner.grid import read_experiment
+from fedpriv.training.coverage import vocabulary_note
 from fedpriv.runner.prepare import PUBLIC, load_training_corpora, prepare
 
 EXPERIMENT = """
@@ -89,6 +90,11 @@ def test_the_public_split_is_disjoint_from_every_other_split_and_holds_no_canary
     # the vocabulary is the public users' own: a word only the private users write is out of it
     public_words = {w for ex in evals[PUBLIC].records() for w in ex.words()}
     assert set(prepared.task.vocab.words) <= public_words
+    # ... and the guarantee says nothing uncovered of it (the private users' counts were not read)
+    assert prepared.task.vocabulary_record["users"] == "public users"
+    assert vocabulary_note(prepared.task.vocabulary_record, cfg) is None
+    private = _config(public_fraction=0.0)
+    assert "not private" in vocabulary_note(prepare(private).task.vocabulary_record, private)
 
 
 def test_a_run_on_the_public_data_trains_on_the_public_users_without_canaries():

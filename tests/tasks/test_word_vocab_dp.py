@@ -78,6 +78,9 @@ def test_the_report_flags_a_dp_run_whose_vocabulary_is_not_private():
     assert not_covered({**s, "vocabulary": None}).startswith("vocabulary not private")  # a run stored before vocabulary records
     assert not_covered({**s, "vocabulary": {**s["vocabulary"], "dp": {"epsilon": 0.5}}}) == ""
     assert not_covered({**s, "epsilon": None}) == ""  # a run without DP: nothing is covered
+    # a vocabulary learned from the public split holds nothing of the private users
+    assert not_covered({**s, "vocabulary": {**s["vocabulary"], "users": "public users"}}) == ""
+    assert not_covered(s, public_vocabulary=True) == ""  # a run stored before its record said so: its config's public split
 
 
 def test_a_stored_config_with_every_vocab_key_at_its_default_still_validates():
