@@ -32,6 +32,7 @@ from __future__ import annotations
 import csv
 import math
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -226,6 +227,8 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
         total = (s.get("audit") or {}).get("total", {})
         batch, unit = batch_of(s)
         epsilon, delta, assumptions = privacy_columns(s)
+        if has_public_split(run) and assumptions:
+            assumptions = PRE_PUBLIC_VOCAB_NOTE.sub(PUBLIC_VOCAB_NOTE, assumptions)
         privacy_unit = s.get("privacy_unit")
         inherited = chain_privacy(run["name"], summaries)  # a run that starts from earlier runs carries their privacy
         if inherited is not None:
@@ -517,6 +520,12 @@ def epsilon_curves(events: Sequence[GaussianSteps], delta: float, accountant: st
     for p in panels:
         p["skipped"] = [x for x, e in zip(p["x"], p["epsilon"]) if math.isnan(e)]
     return {"epsilon": eps(ev), "delta": delta, "accountant": accountant, "event": ev, "panels": panels}
+
+
+#: The vocabulary sentence a run with a public split carried in its guarantee before its vocabulary
+#: record named the public users (the vocabulary was learned from the public split all along).
+PRE_PUBLIC_VOCAB_NOTE = re.compile(r"the vocabulary of the \d+ most frequent training words is not private \(raw counts of the training users; vocab\.dp makes it a DP stage\)")
+PUBLIC_VOCAB_NOTE = "the vocabulary is learned from the public split only (no private user's counts)"
 
 
 def has_public_split(run: Mapping[str, Any]) -> bool:

@@ -535,3 +535,11 @@ def test_run_accountant_reads_the_federated_dp_section():
     assert run_accountant({"kind": "federated", "config": {"federated": {"dp": None}}}) == "rdp"
     assert run_accountant({"kind": "central", "config": {"privacy": {"accountant": "pld"}}}) == "pld"
     assert run_accountant({"kind": "central", "config": {}}) == "rdp"
+
+
+def test_a_run_with_a_public_split_is_not_said_to_have_a_private_vocabulary():
+    """Runs trained before the vocabulary record named the public users carry the old sentence in
+    their guarantee; the report states what the config did (vocabulary from the public split)."""
+    from fedpriv.report.tables import PRE_PUBLIC_VOCAB_NOTE, PUBLIC_VOCAB_NOTE
+    old = "epsilon = 7 at delta = 1e-05 (RDP); the vocabulary of the 5000 most frequent training words is not private (raw counts of the training users; vocab.dp makes it a DP stage); simulation"
+    assert PRE_PUBLIC_VOCAB_NOTE.sub(PUBLIC_VOCAB_NOTE, old) == f"epsilon = 7 at delta = 1e-05 (RDP); {PUBLIC_VOCAB_NOTE}; simulation"
