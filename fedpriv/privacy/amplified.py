@@ -60,7 +60,7 @@ def _fail(message: str) -> None:
 def refuse_bands_above_groups(bands: int, groups: int, unit: str = "unit", bands_key: str = "bands", groups_key: str = "groups") -> None:
     """Refuse more bands than groups: a unit's participations, b steps apart, would share rows of C."""
     if bands > groups:
-        _fail(f"{bands_key} = {bands} > {groups_key} = {groups}: amplified banded MF needs at most b bands (a {unit}'s participations, "
+        _fail(f"{bands_key} = {bands} > {groups_key} = {groups}: amplified banded MF needs at most b bands (one {unit}'s participations, "
               f"b steps apart, must touch disjoint rows of C); use {groups_key} >= {bands} or fewer bands")
 
 
