@@ -27,8 +27,9 @@ rows of C and the amplification argument does not apply.
 >>> (s.sampling_probability, s.max_participations)
 (0.04, 2)
 >>> ev = AmplifiedBandMF.of(make_strategy("banded-mf", 2), 1.0, s)
->>> ev.dp_event()
-SelfComposedDpEvent(event=PoissonSampledDpEvent(sampling_probability=0.04, event=GaussianDpEvent(noise_multiplier=1.0)), count=2)
+>>> e = ev.dp_event()  # SelfComposedDpEvent(PoissonSampledDpEvent(q, GaussianDpEvent(sigma / c_max)), k)
+>>> (e.count, e.event.sampling_probability, round(e.event.event.noise_multiplier, 9))
+(2, 0.04, 1.0)
 """
 
 from __future__ import annotations

@@ -159,3 +159,15 @@ def test_groups_needs_cyclic_poisson_and_defaults_to_bands():
     from fedpriv.config import amplified_groups
 
     assert amplified_groups(cfg.dp) == 3
+
+
+def test_the_docstring_examples_run_and_the_audit_compares_under_add_or_remove():
+    import doctest
+
+    import fedpriv.privacy.amplified as amplified
+    from fedpriv.memorization.empirical import audit_relations
+
+    result = doctest.testmod(amplified, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
+    rel = audit_relations("user", "cyclic-poisson")  # each unit's group is its own draw: add-or-remove, as the canaries
+    assert rel["accountant_relation"] == "add-or-remove-one user" and rel["accountant_bounds_audit"] is True
