@@ -226,7 +226,8 @@ class AmplifiedBandMF:
         )
 
     def basis(self) -> str:
-        return f"{self.unit}-level, {ADD_OR_REMOVE}, banded MF cyclic Poisson (q = {self.sampling_probability:.4g}, k = {self.max_participations}, b = {self.groups})"
+        """The short form (no k: the budget's event is one step; the guarantee gives k of the steps recorded)."""
+        return f"{self.unit}-level, {ADD_OR_REMOVE}, banded MF cyclic Poisson (q = {self.sampling_probability:.4g}, b = {self.groups})"
 
     def notes(self) -> tuple[str, ...]:
         return (
