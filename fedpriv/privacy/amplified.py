@@ -124,11 +124,11 @@ class CyclicPoissonSchedule:
         name = (lambda k: f"--{k.replace('_', '-')}") if cli else (lambda k: f"{key}.{k}")
         refuse_bands_above_groups(bands, self.groups, self.unit, name("bands"), name("groups"))
         if min_separation is not None and self.groups < min_separation:
-            _fail(f"{name('min_separation')} = {min_separation}: {name('groups')} = {self.groups} lets a {self.unit} take part again after "
+            _fail(f"{name('min_separation')} = {min_separation}: {name('groups')} = {self.groups} lets one {self.unit} take part again after "
                   f"{self.groups} steps; use {name('groups')} >= {min_separation}")
         k = self.max_participations
         if max_participations is not None and k > max_participations:
-            _fail(f"{name('max_participations')} = {max_participations}: {self.steps} steps over b = {self.groups} groups let a {self.unit} take part "
+            _fail(f"{name('max_participations')} = {max_participations}: {self.steps} steps over b = {self.groups} groups let one {self.unit} take part "
                   f"up to {k} times; use at most {max_participations * self.groups} steps or more groups")
 
 

@@ -238,7 +238,7 @@ def test_amplified_banded_mf_calibration_equals_dp_accounting(capsys):
         (["-e", "blt-fedavg", "--sampling", "cyclic-poisson"], "--sampling cyclic-poisson amplifies banded MF only: BLT has infinitely many bands"),
         (["-e", "banded-mf-fedavg", "--bands", "4", "--sampling", "cyclic-poisson", "--groups", "3"], "--bands = 4 > --groups = 3: amplified banded MF needs at most b bands"),
         (["-e", "banded-mf-fedavg", "--bands", "2", "--groups", "3"], "--groups applies to --sampling cyclic-poisson"),
-        (["-e", "banded-mf-fedavg", "--bands", "2", "--sampling", "cyclic-poisson", "--max-participations", "5"], "--max-participations = 5: 40 steps over b = 2 groups let a user take part up to 20 times"),
+        (["-e", "banded-mf-fedavg", "--bands", "2", "--sampling", "cyclic-poisson", "--max-participations", "5"], "--max-participations = 5: 40 steps over b = 2 groups let one user take part up to 20 times"),
         (["-e", "dpfedavg-poisson", "--sampling", "cyclic-poisson"], "apply to the correlated-noise events, not dpfedavg-poisson"),
     ],
 )

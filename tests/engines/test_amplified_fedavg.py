@@ -56,8 +56,8 @@ def test_a_schedule_that_breaks_the_stated_participation_is_refused_before_train
     p = write_config(tmp_path, extra=AMPLIFIED.replace("target_epsilon = 8.0", "target_epsilon = 8.0, max_participations = 1"))
     FederatedSetup(prepare(p))  # rounds 1, 2, 3: each group eligible once
     p.write_text(p.read_text().replace("rounds = 3", "rounds = 4"))
-    with pytest.raises(PrivacyParameterError, match=r"^federated.dp.max_participations = 1: 4 steps over b = 3 groups let a user take part up to 2 times"):
+    with pytest.raises(PrivacyParameterError, match=r"^federated.dp.max_participations = 1: 4 steps over b = 3 groups let one user take part up to 2 times"):
         FederatedSetup(prepare(p))
     p.write_text(p.read_text().replace("max_participations = 1", "min_separation = 4"))
-    with pytest.raises(PrivacyParameterError, match=r"^federated.dp.min_separation = 4: federated.dp.groups = 3 lets a user take part again after 3 steps"):
+    with pytest.raises(PrivacyParameterError, match=r"^federated.dp.min_separation = 4: federated.dp.groups = 3 lets one user take part again after 3 steps"):
         FederatedSetup(prepare(p))

@@ -122,9 +122,9 @@ def test_a_schedule_that_breaks_the_participation_is_refused():
     s = CyclicPoissonSchedule(1000, 10, 4, 40, 0)
     with pytest.raises(PrivacyParameterError, match=r"^federated.dp.bands = 5 > federated.dp.groups = 4: amplified banded MF needs at most b bands"):
         s.check("federated.dp", 5, None, None)
-    with pytest.raises(PrivacyParameterError, match=r"^privacy.min_separation = 6: privacy.groups = 4 lets a user take part again after 4 steps"):
+    with pytest.raises(PrivacyParameterError, match=r"^privacy.min_separation = 6: privacy.groups = 4 lets one user take part again after 4 steps"):
         s.check("privacy", 4, None, 6)
-    with pytest.raises(PrivacyParameterError, match=r"^--max-participations = 9: 40 steps over b = 4 groups let a user take part up to 10 times"):
+    with pytest.raises(PrivacyParameterError, match=r"^--max-participations = 9: 40 steps over b = 4 groups let one user take part up to 10 times"):
         s.check("--", 4, 9, None)
     s.check("privacy", 4, 10, 4)  # the participation it keeps
     with pytest.raises(PrivacyParameterError, match="needs N // b >= 300"):
