@@ -69,7 +69,10 @@ class CyclicPoissonSchedule:
     """Cyclic Poisson sampling of N units in b groups, m expected per step (module docstring):
     jax-privacy's ``CyclicPoissonSampling`` with ``PartitionType.INDEPENDENT``, drawn from
     ``default_rng([seed, CYCLIC_POISSON_STREAM])``. ``sample(t)``: the sorted unit indices of step
-    t (0 <= t <= steps), a pure function of (seed, t); batches are kept once drawn."""
+    t (0 <= t <= steps), a pure function of (seed, t): the sampler's draws are sequential, so the
+    last ``KEPT`` batches are kept and an older step is drawn again from the start."""
+
+    KEPT = 64
 
     sampling = CYCLIC_POISSON
 
@@ -81,8 +84,9 @@ class CyclicPoissonSchedule:
         if not 1 <= self.cohort <= per_group:
             _fail(f"cyclic Poisson sampling of {self.cohort} {unit}s expected per step from b = {self.groups} groups needs N // b >= {self.cohort}, "
                   f"but {self.population} {unit}s make groups of {per_group}; use at most {self.population // max(self.cohort, 1)} groups or a smaller cohort")
-        self._batches: list[np.ndarray] = []
+        self._kept: dict[int, np.ndarray] = {}
         self._it = None
+        self._next = 0  # the step the iterator yields next
 
     @property
     def m(self) -> int:
@@ -110,11 +114,16 @@ class CyclicPoissonSchedule:
         step = int(step)
         if not 0 <= step <= self.steps:
             _fail(f"step {step} is outside the cyclic Poisson schedule of {self.steps} steps")
-        if self._it is None:
+        if step in self._kept:
+            return self._kept[step]
+        if self._it is None or step < self._next:
             self._it = self.selection.batch_iterator(self.population, np.random.default_rng([self.seed, CYCLIC_POISSON_STREAM]))
-        while len(self._batches) <= step:
-            self._batches.append(np.sort(np.asarray(next(self._it), np.int64)))
-        return self._batches[step]
+            self._next, self._kept = 0, {}
+        while self._next <= step:
+            self._kept[self._next] = np.sort(np.asarray(next(self._it), np.int64))
+            self._kept.pop(self._next - self.KEPT, None)
+            self._next += 1
+        return self._kept[step]
 
     def check(self, key: str, bands: int, max_participations: int | None, min_separation: int | None) -> None:
         """Refuse (one line, naming ``key``; "--": the CLI's options) a schedule that breaks the
