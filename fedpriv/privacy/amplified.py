@@ -165,8 +165,11 @@ class AmplifiedBandMF:
     unit: str
     groups: int
     coefs: tuple[float, ...]
+    sampling: str = CYCLIC_POISSON  # a field, so that every ledger entry names its participation schema
 
     def __post_init__(self) -> None:
+        if self.sampling != CYCLIC_POISSON:
+            _fail(f"amplified banded MF is accounted for sampling {CYCLIC_POISSON!r}, got {self.sampling!r}")
         z = self.noise_multiplier
         if not (isinstance(z, (int, float)) and math.isfinite(z) and MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER):
             _fail(f"noise_multiplier must be in [{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}], got {z}")
@@ -189,7 +192,6 @@ class AmplifiedBandMF:
         return AmplifiedBandMF(float(noise_multiplier), schedule.population, float(schedule.cohort), schedule.steps, schedule.unit, schedule.groups, strategy.coefs)
 
     # ---- what the ledger, budget and accountant read ----------------------------------------------
-    sampling = CYCLIC_POISSON
     noised_shards = 1
     noised_micro_steps = 1
 

@@ -7,6 +7,7 @@ with probability q; a schedule that breaks the participation is refused."""
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import replace
 
@@ -87,6 +88,8 @@ def test_the_ledger_merges_and_round_trips(tmp_path):
         ledger.record(replace(ev, noise_multiplier=sigma, steps=1))
     assert len(ledger.entries) == 1 and ledger.steps == 40
     ledger.save(tmp_path / "ledger.json")
+    (entry,) = json.loads((tmp_path / "ledger.json").read_text())["entries"]
+    assert entry["sampling"] == "cyclic-poisson" and entry["groups"] == 4 and entry["steps"] == 40  # the ledger names the schema
     back = PrivacyLedger.load(tmp_path / "ledger.json")
     assert back.entries == ledger.entries and back.epsilon(1e-5, "rdp").epsilon == ans.epsilon
     at = lambda n: epsilon_for(replace(ev, noise_multiplier=sigma, steps=n), 1e-5, "rdp").epsilon  # noqa: E731
