@@ -54,6 +54,7 @@ from fedpriv.privacy.correlated import Strategy, make_strategy
 CYCLIC_POISSON_STREAM = 0xC1C1E_9015
 CYCLIC_POISSON = "cyclic-poisson"
 
+
 def _fail(message: str) -> None:
     raise PrivacyParameterError(message)
 
