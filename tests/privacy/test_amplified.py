@@ -44,10 +44,10 @@ def event(bands: int, groups: int, z: float = 0.9, population: int = 5000, m: in
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 @pytest.mark.parametrize("steps", [30, 2])
 def test_epsilon_is_the_hand_composition(accountant, steps):
-    """3 bands, b = 4 groups of N = 5000, m = 50 expected: q = 50 / 1250, k = ceil(n / 4), the
-    multiplier sigma over the norm of C's first column (its bands over n steps: all three at
-    n = 30, the first two at n = 2, where the column norm is below 1)."""
-    ev = event(3, 4, steps=steps)
+    """3 bands, b = 4 groups of N = 5003, m = 50 expected: q = 50 / (5003 // 4) = 50 / 1250 (not
+    4 * 50 / 5003), k = ceil(n / 4), the multiplier sigma over the norm of C's first column (its
+    bands over n steps: all three at n = 30, the first two at n = 2, where that norm is below 1)."""
+    ev = event(3, 4, population=5003, steps=steps)
     c = np.asarray(ev.coefs)
     c_max = float(np.linalg.norm(c[:steps]))
     assert (steps >= 3) == math.isclose(c_max, 1.0, rel_tol=1e-12)
