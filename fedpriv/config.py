@@ -341,13 +341,41 @@ class TrainingConfig(_Strict):
 
 
 
-_MECHANISM_DOC = "gaussian: i.i.d. noise each step (DP-SGD / DP-FedAvg); banded-mf or blt: correlated noise (matrix factorization, docs/correlated_noise.md) on a cyclic schedule"
+_MECHANISM_DOC = "gaussian: i.i.d. noise each step (DP-SGD / DP-FedAvg); banded-mf or blt: correlated noise (matrix factorization, docs/correlated_noise.md) on a cyclic schedule, or banded-mf with cyclic Poisson sampling"
+_GROUPS_DOC = "sampling = cyclic-poisson (amplified banded MF): b, the groups the units are drawn into once (each takes part only in steps t = its group mod b, so at least b steps apart); at least bands (default: bands)"
+
+
+def amplified_groups(m: Any) -> int:
+    """b of cyclic Poisson sampling (``groups``, default ``bands``) of a ``[privacy]`` or ``[federated.dp]`` section."""
+    return m.groups if m.groups is not None else m.bands
+
+
+def _check_sampling_of_mechanism(m: Any, sampling: str, not_cyclic: str) -> None:
+    """The sampling a correlated-noise mechanism is accounted for: the cyclic schedule, or (banded MF
+    only, ``groups`` >= ``bands``) cyclic Poisson sampling. ``not_cyclic``: the message for any other."""
+    if sampling not in ("cyclic", "cyclic-poisson"):
+        raise ValueError(not_cyclic)
+    if sampling == "cyclic-poisson" and m.mechanism == "blt":
+        raise ValueError(
+            "sampling = 'cyclic-poisson' amplifies banded MF only: BLT has infinitely many bands, so a unit's participations share rows of C "
+            "and amplification by sampling does not apply; use mechanism = 'banded-mf' or sampling = 'cyclic'"
+        )
+    if sampling == "cyclic" and m.groups is not None:
+        raise ValueError("groups applies to sampling = 'cyclic-poisson'; the cyclic schedule's groups are N // (units per step)")
+    if sampling == "cyclic-poisson":
+        from fedpriv.privacy.amplified import refuse_bands_above_groups
+
+        try:
+            refuse_bands_above_groups(m.bands, amplified_groups(m))
+        except FedprivError as e:
+            raise ValueError(str(e)) from None
 
 
 def _check_mechanism(m: Any) -> None:
     """The keys of the noise mechanism: banded-mf takes ``bands``, blt ``buffers``; both run the
-    cyclic schedule (no ``sampling`` key) and may state the participation they must keep."""
-    extra = {"bands": m.bands, "buffers": m.buffers, "max_participations": m.max_participations, "min_separation": m.min_separation}
+    cyclic schedule (banded-mf also cyclic Poisson sampling, with ``groups``) and may state the
+    participation they must keep."""
+    extra = {"bands": m.bands, "buffers": m.buffers, "max_participations": m.max_participations, "min_separation": m.min_separation, "groups": m.groups}
     if m.mechanism == "gaussian":
         given = [k for k, v in extra.items() if v is not None]
         if given:
@@ -378,7 +406,7 @@ class PrivacyConfig(_Strict):
     noise_multiplier: float | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate sigma to reach this epsilon at the end")
     delta: float = Field(..., gt=0.0, lt=1.0)
-    sampling: Literal["poisson", "fixed", "cyclic"] = Field("poisson", description="poisson: q = B/N; fixed: B of N without replacement each step; cyclic: the schedule of mechanism = banded-mf / blt (units in N // B fixed groups, one per step; the default with those mechanisms)")
+    sampling: Literal["poisson", "fixed", "cyclic", "cyclic-poisson"] = Field("poisson", description="poisson: q = B/N; fixed: B of N without replacement each step; cyclic: the schedule of mechanism = banded-mf / blt (units in N // B fixed groups, one per step; the default with those mechanisms); cyclic-poisson: amplified banded MF (units drawn once into groups b, group t mod b Poisson-sampled at step t with q = B / (N // b))")
     micro_batch_size: int | None = Field(None, ge=1, description="b: examples per device per micro-step (default: the whole batch)")
     devices: int = Field(1, ge=1, description="P: devices a micro-step is sharded over")
     noise_mode: Literal["once", "per-shard", "per-micro-step"] = Field("once", description="where noise is drawn")
@@ -389,6 +417,7 @@ class PrivacyConfig(_Strict):
     buffers: int | None = Field(None, ge=1, le=10, description="mechanism = blt: buffers of the BLT strategy (default 4)")
     max_participations: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a unit takes part more than this many times (k)")
     min_separation: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a unit takes part again within fewer steps (b)")
+    groups: int | None = Field(None, ge=1, description=_GROUPS_DOC)
     accountant: Literal["rdp", "pld"] = "rdp"
     private: bool = Field(True, description="false: clipping without noise, a control that claims no privacy (needs noise_multiplier = 0; no epsilon is reported)")
     secure_noise: bool = Field(False, description="draw the DP noise and the sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
@@ -413,14 +442,16 @@ class PrivacyConfig(_Strict):
             raise ValueError("noise_multiplier = 0 gives no privacy; set private = false for clipping without noise (no epsilon is reported), or drop [privacy]")
         _check_mechanism(self)
         if self.mechanism != "gaussian":
-            if self.sampling != "cyclic":
-                raise ValueError(f"mechanism = {self.mechanism!r} runs the cyclic schedule it is accounted for (units in fixed groups, one group per step), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it")
+            _check_sampling_of_mechanism(self, self.sampling, (
+                f"mechanism = {self.mechanism!r} runs the cyclic schedule it is accounted for (units in fixed groups, one group per step), not {self.sampling!r} "
+                "sampling; set sampling = 'cyclic' or drop it (banded-mf: or 'cyclic-poisson')"
+            ))
             if self.noise_mode != "once":
                 raise ValueError(f"mechanism = {self.mechanism!r} adds its noise once per step; noise_mode must be 'once'")
             if not self.private:
                 raise ValueError(f"mechanism = {self.mechanism!r} needs noise; private = false takes mechanism = 'gaussian'")
-        elif self.sampling == "cyclic":
-            raise ValueError("sampling = 'cyclic' is the schedule of the correlated-noise mechanisms; set mechanism = 'banded-mf' or 'blt'")
+        elif self.sampling in ("cyclic", "cyclic-poisson"):
+            raise ValueError(f"sampling = {self.sampling!r} is the schedule of the correlated-noise mechanisms; set mechanism = 'banded-mf'" + (" or 'blt'" if self.sampling == "cyclic" else ""))
         elif self.accountant == "pld" and self.sampling == "fixed":
             raise ValueError("accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
         if self.noise_mode == "per-micro-step" and self.sampling != "fixed":
@@ -441,6 +472,7 @@ class FederatedDPConfig(_Strict):
     buffers: int | None = Field(None, ge=1, le=10, description="mechanism = blt: buffers of the BLT strategy (default 4)")
     max_participations: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a user takes part more than this many times (k)")
     min_separation: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a user takes part again within fewer rounds (b)")
+    groups: int | None = Field(None, ge=1, description=_GROUPS_DOC)
     accountant: Literal["rdp", "pld"] = "rdp"
     adaptive_clip: bool = Field(False, description="adapt S to a quantile of the delta norms (Andrew et al. 2021)")
     target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)
@@ -509,7 +541,7 @@ class FederatedConfig(_Strict):
 
     rounds: int = Field(..., ge=1, description="R: training rounds")
     clients_per_round: int = Field(..., ge=1, description="m: users per round (expected m under Poisson)")
-    sampling: Literal["fixed", "poisson", "cyclic"] = Field("fixed", description="fixed: exactly m of N without replacement; poisson: each user with q = m/N; cyclic: the schedule of dp.mechanism = banded-mf / blt (users in N // m fixed groups, one per round; the default with those mechanisms)")
+    sampling: Literal["fixed", "poisson", "cyclic", "cyclic-poisson"] = Field("fixed", description="fixed: exactly m of N without replacement; poisson: each user with q = m/N; cyclic: the schedule of dp.mechanism = banded-mf / blt (users in N // m fixed groups, one per round; the default with those mechanisms); cyclic-poisson: amplified banded MF (users drawn once into dp.groups b, group r mod b Poisson-sampled in round r with q = m / (N // b))")
     strategy: Literal["fedavg", "fedavg-clip", "dp-fedavg"] = "fedavg"
     local_epochs: int = Field(1, ge=1, description="E: passes over the user's examples per round")
     local_batch_size: int = Field(16, ge=1, description="B: examples per local step")
@@ -571,8 +603,11 @@ class FederatedConfig(_Strict):
     def _strategy(self) -> "FederatedConfig":
         """Each strategy takes exactly the keys it uses (refused here, before any data is read)."""
         s = self.strategy
-        if self.sampling == "cyclic" and (self.dp is None or self.dp.mechanism == "gaussian"):
-            raise ValueError("sampling = 'cyclic' is the cohort schedule of the correlated-noise mechanisms; set dp.mechanism = 'banded-mf' or 'blt' (strategy = 'dp-fedavg')")
+        if self.sampling in ("cyclic", "cyclic-poisson") and (self.dp is None or self.dp.mechanism == "gaussian"):
+            raise ValueError(
+                f"sampling = {self.sampling!r} is the cohort schedule of the correlated-noise mechanisms; set dp.mechanism = 'banded-mf'"
+                + (" or 'blt'" if self.sampling == "cyclic" else "") + " (strategy = 'dp-fedavg')"
+            )
         if s == "fedavg":
             if self.clip_norm is not None or self.dp is not None:
                 given = "clip_norm" if self.clip_norm is not None else "[federated.dp]"
@@ -585,8 +620,10 @@ class FederatedConfig(_Strict):
         if s == "dp-fedavg" and self.dp is None:
             raise ValueError("strategy = 'dp-fedavg' needs a [federated.dp] table: delta, and noise_multiplier or target_epsilon")
         if self.dp is not None and self.dp.mechanism != "gaussian":
-            if self.sampling != "cyclic":
-                raise ValueError(f"dp.mechanism = {self.dp.mechanism!r} runs the cyclic cohort schedule it is accounted for (users in fixed groups of clients_per_round, one group per round), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it")
+            _check_sampling_of_mechanism(self.dp, self.sampling, (
+                f"dp.mechanism = {self.dp.mechanism!r} runs the cyclic cohort schedule it is accounted for (users in fixed groups of clients_per_round, one group "
+                f"per round), not {self.sampling!r} sampling; set sampling = 'cyclic' or drop it (banded-mf: or 'cyclic-poisson')"
+            ))
         elif self.dp is not None and self.dp.accountant == "pld" and self.sampling == "fixed":
             raise ValueError("dp.accountant = 'pld' does not cover sampling = 'fixed' (sampling without replacement is RDP-only); use accountant = 'rdp' or sampling = 'poisson'")
         if self.dp is not None and self.dp.secure_noise and self.client_dp is not None:

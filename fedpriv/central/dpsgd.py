@@ -31,7 +31,11 @@ the same (epsilon, delta) for the same unit.
 :mod:`fedpriv.privacy.correlated`): the units (examples, or users) are split into b = N // B
 fixed groups and step t takes group t mod b (no sampling); the noise of step t is row t of
 C^-1 Z, Z_t drawn from the ``correlated_noise`` stream at step t, C^-1's state kept in the
-checkpointed state (``noise``); the ledger accounts the run as one Gaussian mechanism.
+checkpointed state (``noise``); the ledger accounts the run as one Gaussian mechanism. With
+``privacy.sampling = "cyclic-poisson"`` (banded MF only) the units are drawn once into
+``privacy.groups`` b groups and step t Poisson-samples group t mod b (B expected, the denominator
+B; :class:`~fedpriv.privacy.amplified.CyclicPoissonSchedule`, for users jax-privacy's
+``CyclicPoissonSampling`` under ``UserSelectionStrategy``), accounted as amplified banded MF.
 """
 
 from __future__ import annotations
@@ -47,9 +51,10 @@ import optax
 
 from fedpriv.central.sgd import CentralStepper
 from fedpriv.central.users import UserBatches
-from fedpriv.config import PrivacyConfig, TrainingConfig
+from fedpriv.config import PrivacyConfig, TrainingConfig, amplified_groups
 from fedpriv.errors import FedprivError, PrivacyParameterError
 from fedpriv.privacy.accounting import GaussianSteps
+from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
 from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, correlated_noise_and_normalize, init_noise_state, noise_and_normalize
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
@@ -80,12 +85,13 @@ class DPSGDStepper(CentralStepper):
         self.noise = noise if noise is not None else NoiseSeed.simulation(seed)
         b_logical = cfg.batch_size
         self.correlated = dp.mechanism != "gaussian"
-        self.sampling = "cyclic" if self.correlated else dp.sampling
+        self.sampling = dp.sampling  # (the config holds "cyclic" or "cyclic-poisson" under a correlated-noise mechanism)
+        groups = amplified_groups(dp) if dp.sampling == "cyclic-poisson" else None
         self.user_batches: UserBatches | None = None
         if dp.unit == "user":
             if user_counts is None:
                 raise FedprivError("user-level DP-SGD needs the training users' example counts")
-            self.user_batches = UserBatches(user_counts, self.sampling, b_logical, total_steps, dp.examples_per_user, self.noise.entropy)
+            self.user_batches = UserBatches(user_counts, self.sampling, b_logical, total_steps, dp.examples_per_user, self.noise.entropy, groups)
             n, self.group = self.user_batches.num_users, dp.examples_per_user
         else:
             n, self.group = len(train["mask"]), 1
@@ -110,14 +116,25 @@ class DPSGDStepper(CentralStepper):
         shards = self.P if dp.noise_mode in ("per-shard", "per-micro-step") else 1
         micro = self.T if dp.noise_mode == "per-micro-step" else 1
         self.draws = shards * micro
-        self.schedule: CyclicSchedule | None = None
-        if self.correlated:  # correlated noise: the cyclic schedule and the strategy C it is accounted for
-            self.schedule = self.user_batches.schedule if self.user_batches is not None else CyclicSchedule(n, b_logical, total_steps, self.noise.entropy, "example")
-            self.schedule.check("privacy", dp.max_participations, dp.min_separation)
+        self.schedule: CyclicSchedule | CyclicPoissonSchedule | None = None
+        if self.correlated:  # correlated noise: the cyclic schedule (or cyclic Poisson sampling) and the strategy C it is accounted for
             self.strategy = make_strategy(dp.mechanism, dp.bands or 1, dp.buffers or 4)
             self.noising_matrix = self.strategy.noising_matrix()
-            template = CorrelatedSteps.of(self.strategy, 1.0, self.schedule)
-            say(f"{self.strategy.describe()}: {self.schedule.groups} groups of {b_logical} {dp.unit}s, one per step (k = {self.schedule.max_participations}, b = {self.schedule.groups}); noise state: {self.strategy.memory} model-sized buffer(s)")
+            if self.user_batches is not None:
+                self.schedule = self.user_batches.schedule
+            elif groups is not None:
+                self.schedule = CyclicPoissonSchedule(n, b_logical, groups, total_steps, self.noise.entropy, "example")
+            else:
+                self.schedule = CyclicSchedule(n, b_logical, total_steps, self.noise.entropy, "example")
+            if isinstance(self.schedule, CyclicPoissonSchedule):
+                self.schedule.check("privacy", dp.bands, dp.max_participations, dp.min_separation)
+                template = AmplifiedBandMF.of(self.strategy, 1.0, self.schedule)
+                how = f"{b_logical} {dp.unit}s expected per step, Poisson-sampled (q = {self.schedule.sampling_probability:.4g}) from group t mod b of {groups}"
+            else:
+                self.schedule.check("privacy", dp.max_participations, dp.min_separation)
+                template = CorrelatedSteps.of(self.strategy, 1.0, self.schedule)
+                how = f"{self.schedule.groups} groups of {b_logical} {dp.unit}s, one per step"
+            say(f"{self.strategy.describe()}: {how} (k = {self.schedule.max_participations}, b = {self.schedule.groups}); noise state: {self.strategy.memory} model-sized buffer(s)")
         else:
             template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, dp.unit, shards, micro)
         self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say, self.noise.note())
@@ -214,7 +231,7 @@ class DPSGDStepper(CentralStepper):
             state = jax.device_put(state, self._sharding[1])
         acc = jax.tree.map(jnp.zeros_like, state["params"])
         loss_sum, count = 0.0, 0.0
-        chunks = max(1, math.ceil(len(idx) / self.rows)) if self.sampling == "poisson" else self.T
+        chunks = max(1, math.ceil(len(idx) / self.rows)) if self.sampling in ("poisson", "cyclic-poisson") else self.T
         for k in range(chunks):
             units = idx[k * self.rows : (k + 1) * self.rows]
             batch = gather(self.train, units.reshape(-1), self.rows * self.group)

@@ -3,7 +3,9 @@
 shuffled cycle, so a user with fewer than k examples repeats them).
 
 Sampling: cyclic (correlated noise: :class:`~fedpriv.privacy.correlated.CyclicSchedule` over the
-users, each user's examples still taken by jax-privacy's ``UserSelectionStrategy``), Poisson (each user independently with q = B/N; jax-privacy's ``CyclicPoissonSampling``
+users, each user's examples still taken by jax-privacy's ``UserSelectionStrategy``), cyclic Poisson
+(amplified banded MF: jax-privacy's ``CyclicPoissonSampling`` with b groups, the selection of a
+:class:`~fedpriv.privacy.amplified.CyclicPoissonSchedule`), Poisson (each user independently with q = B/N; jax-privacy's ``CyclicPoissonSampling``
 with a cycle of 1) or fixed-size (exactly B of N users without replacement, independently at
 every step: ``FixedBatchSampling``), the assumptions the accountant makes for add-or-remove-one
 and replace-one user. The iterator is replayed from the start when a run resumes, so step i's
@@ -23,6 +25,7 @@ import numpy as np
 from jax_privacy.batch_selection import BatchSelectionStrategy, CyclicPoissonSampling, FixedBatchSampling, PartitionType, UserSelectionStrategy
 
 from fedpriv.errors import PrivacyParameterError
+from fedpriv.privacy.amplified import CyclicPoissonSchedule
 from fedpriv.privacy.correlated import CyclicSchedule
 
 USER_STREAM = 0x05E5
@@ -51,15 +54,18 @@ class UserBatches:
     """Step i's sampled users and their examples: an int array (users, k) of record indices
     (records in corpus user order, ``counts[u]`` records for user u)."""
 
-    def __init__(self, counts: np.ndarray, sampling: str, batch: int, steps: int, examples_per_user: int, seed: int):
+    def __init__(self, counts: np.ndarray, sampling: str, batch: int, steps: int, examples_per_user: int, seed: int, groups: int | None = None):
         counts = np.asarray(counts, np.int64)
         self.num_users = sampled_population(counts)
         if sampling == "fixed" and batch > self.num_users:
             raise PrivacyParameterError(f"training.batch_size = {batch} users > {self.num_users} training users: a fixed-size batch needs B <= N")
-        self.schedule: CyclicSchedule | None = None
+        self.schedule: CyclicSchedule | CyclicPoissonSchedule | None = None
         if sampling == "cyclic":  # correlated noise: the users in fixed groups of B, group i mod b at step i
             self.schedule = CyclicSchedule(self.num_users, batch, steps, seed, "user")
             base = ScheduledSampling(self.schedule)
+        elif sampling == "cyclic-poisson":  # amplified banded MF: users drawn into b groups, group i mod b Poisson-sampled
+            self.schedule = CyclicPoissonSchedule(self.num_users, batch, int(groups), steps, seed, "user")
+            base = self.schedule.selection
         elif sampling == "poisson":
             base = CyclicPoissonSampling(sampling_prob=batch / self.num_users, iterations=steps, partition_type=PartitionType.INDEPENDENT)
         else:

@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedpriv.errors import PrivacyParameterError
+from fedpriv.privacy.amplified import AmplifiedBandMF
 from fedpriv.privacy.correlated import CorrelatedSteps
 from fedpriv.privacy.accounting import (
     MAX_NOISE_MULTIPLIER,
@@ -72,7 +73,9 @@ EVENT_HELP = (
     "no-sampling: every unit in every step; "
     "banded-mf-dpsgd, banded-mf-fedavg, blt-dpsgd, blt-fedavg: correlated noise (--bands, --buffers) on the cyclic schedule: "
     "the N units in b = N // B groups of B, one group per step, so each unit at most k = ceil(steps / b) times, b steps apart "
-    "(--max-participations k and --min-separation b refuse a schedule that breaks them); zero-out-one unit."
+    "(--max-participations k and --min-separation b refuse a schedule that breaks them); zero-out-one unit. "
+    "banded-mf-* with --sampling cyclic-poisson: amplified banded MF, the N units drawn once into b = --groups groups (default --bands), "
+    "group t mod b Poisson-sampled at step t with q = B / (N // b); k = ceil(steps / b) Poisson-subsampled Gaussians; add-or-remove-one unit."
 )
 
 
@@ -122,6 +125,7 @@ OPTION_RANGES: dict[str, _Range] = {
     "--buffers": _Range(1, 10, integer=True),
     "--max-participations": _Range(1, MAX_STEPS, integer=True),
     "--min-separation": _Range(1, MAX_STEPS, integer=True),
+    "--groups": _Range(1, 10**15, integer=True),
 }
 
 
@@ -152,14 +156,19 @@ class _MF:
     buffers: Optional[int] = None
     max_participations: Optional[int] = None
     min_separation: Optional[int] = None
+    sampling: str = "cyclic"
+    groups: Optional[int] = None
 
     def options(self) -> dict[str, Optional[int]]:
-        return {"--bands": self.bands, "--buffers": self.buffers, "--max-participations": self.max_participations, "--min-separation": self.min_separation}
+        return {"--bands": self.bands, "--buffers": self.buffers, "--max-participations": self.max_participations, "--min-separation": self.min_separation,
+                "--groups": self.groups}
 
 
 def _correlated_event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, mf: _MF,
-                      unit: str = "example") -> CorrelatedSteps:
-    """The event of ``event``: DP-FedAvg's unit is the user; DP-SGD's is ``--unit`` (example, or user for user-level DP-SGD)."""
+                      unit: str = "example") -> CorrelatedSteps | AmplifiedBandMF:
+    """The event of ``event``: DP-FedAvg's unit is the user; DP-SGD's is ``--unit`` (example, or user for user-level DP-SGD);
+    ``--sampling cyclic-poisson``: amplified banded MF over ``--groups`` groups."""
+    from fedpriv.privacy.amplified import CyclicPoissonSchedule
     from fedpriv.privacy.correlated import CyclicSchedule, make_strategy
 
     mechanism, default_unit = _CORRELATED_EVENTS[event]
@@ -174,16 +183,26 @@ def _correlated_event(event: Event, z: float, population: int, batch: Optional[f
         raise PrivacyParameterError(f"{event.value} needs --bands (and takes no --buffers)")
     if mechanism == "blt" and mf.bands is not None:
         raise PrivacyParameterError(f"{event.value} takes --buffers (default 4), not --bands")
+    if mf.sampling not in ("cyclic", "cyclic-poisson"):
+        raise PrivacyParameterError(f"--sampling: cyclic or cyclic-poisson, got {mf.sampling!r}")
+    if mf.sampling == "cyclic-poisson":
+        if mechanism == "blt":
+            raise PrivacyParameterError(f"--sampling cyclic-poisson amplifies banded MF only: BLT has infinitely many bands, so amplification by sampling does not apply; use banded-mf-{event.value.split('-', 1)[1]} or --sampling cyclic")
+        amplified = CyclicPoissonSchedule(population, int(batch), mf.groups or mf.bands, steps, 0, unit)
+        amplified.check("--", mf.bands, mf.max_participations, mf.min_separation)
+        return AmplifiedBandMF.of(make_strategy(mechanism, mf.bands), z, amplified)
+    if mf.groups is not None:
+        raise PrivacyParameterError("--groups applies to --sampling cyclic-poisson (the cyclic schedule's groups are N // B)")
     schedule = CyclicSchedule(population, int(batch), steps, 0, unit)
     schedule.check("--", mf.max_participations, mf.min_separation)
     return CorrelatedSteps.of(make_strategy(mechanism, mf.bands or 1, mf.buffers or 4), z, schedule)
 
 
-def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str, mf: _MF = _MF()) -> GaussianSteps | CorrelatedSteps:
+def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str, mf: _MF = _MF()) -> GaussianSteps | CorrelatedSteps | AmplifiedBandMF:
     if event in _CORRELATED_EVENTS:
         return _correlated_event(event, z, population, batch, steps, shards, micro_steps, mf, unit)
-    if any(v is not None for v in mf.options().values()):
-        raise PrivacyParameterError(f"--bands, --buffers, --max-participations and --min-separation apply to the correlated-noise events, not {event.value}")
+    if any(v is not None for v in mf.options().values()) or mf.sampling != "cyclic":
+        raise PrivacyParameterError(f"--bands, --buffers, --max-participations, --min-separation, --sampling and --groups apply to the correlated-noise events, not {event.value}")
     if event is Event.no_sampling:
         if batch is not None and batch != population:
             raise PrivacyParameterError(f"--batch: with no sampling every unit is in every step, so batch must equal --population ({population}) or be omitted")
@@ -194,7 +213,7 @@ def _event(event: Event, z: float, population: int, batch: Optional[float], step
     return GaussianSteps(sampling, z, population, batch, steps, unit, shards, micro_steps)  # type: ignore[arg-type]
 
 
-def _accountants(ev: GaussianSteps | CorrelatedSteps, which: Accountant) -> list[str]:
+def _accountants(ev: GaussianSteps | CorrelatedSteps | AmplifiedBandMF, which: Accountant) -> list[str]:
     have = available_accountants(ev)
     if which is Accountant.all:
         try:
@@ -241,6 +260,8 @@ _BANDS = typer.Option(None, "--bands", help="banded-mf-*: bands of the strategy 
 _BUFFERS = typer.Option(None, "--buffers", help="blt-*: buffers of the BLT (default 4).")
 _MAXP = typer.Option(None, "--max-participations", help="correlated noise: refuse a schedule in which a unit takes part more than k times.")
 _MINSEP = typer.Option(None, "--min-separation", help="correlated noise: refuse a schedule in which a unit takes part again within fewer than b steps.")
+_SAMPLING = typer.Option("cyclic", "--sampling", help="correlated noise: cyclic (fixed groups of B, one per step) or cyclic-poisson (banded-mf-*: amplified banded MF, --groups b).")
+_GROUPS = typer.Option(None, "--groups", help="--sampling cyclic-poisson: b, the groups the units are drawn into (default --bands; at least --bands).")
 _ALLOW = typer.Option(False, "--allow-large-delta", help="Answer even when delta >= 1/N (refused otherwise: publishing one record in the clear meets it); the answer then says what it means.")
 
 
@@ -275,9 +296,11 @@ def epsilon_cmd(
     buffers: Optional[int] = _BUFFERS,
     max_participations: Optional[int] = _MAXP,
     min_separation: Optional[int] = _MINSEP,
+    sampling: str = _SAMPLING,
+    groups: Optional[int] = _GROUPS,
 ) -> None:
     """epsilon for a delta (or delta for an epsilon) of a DP-SGD or DP-FedAvg run (Gaussian or correlated noise)."""
-    mf = _MF(bands, buffers, max_participations, min_separation)
+    mf = _MF(bands, buffers, max_participations, min_separation, sampling, groups)
     check_options({"--noise-multiplier": noise_multiplier, "--population": population, "--batch": batch, "--steps": steps, "--delta": delta,
                    "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
     if (delta is None) == (epsilon is None):
@@ -309,9 +332,11 @@ def calibrate_cmd(
     buffers: Optional[int] = _BUFFERS,
     max_participations: Optional[int] = _MAXP,
     min_separation: Optional[int] = _MINSEP,
+    sampling: str = _SAMPLING,
+    groups: Optional[int] = _GROUPS,
 ) -> None:
     """The smallest noise multiplier (per draw) that reaches --target-epsilon at --delta (bisection)."""
-    mf = _MF(bands, buffers, max_participations, min_separation)
+    mf = _MF(bands, buffers, max_participations, min_separation, sampling, groups)
     check_options({"--target-epsilon": target_epsilon, "--delta": delta, "--population": population, "--batch": batch, "--steps": steps,
                    "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
     note = _delta_vs_population(delta, population, (unit if _CORRELATED_EVENTS[event][1] == "example" else "user") if event in _CORRELATED_EVENTS else unit, allow_large_delta)

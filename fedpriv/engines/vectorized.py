@@ -88,14 +88,14 @@ class VectorizedEngine:
 
         vmap (padding is computed): a chunk's width is its size rounded up to a power of two.
         scan (padded clients are skipped at run time): every chunk has one width (the cohort
-        size under fixed sampling, a power of two under Poisson), so one program is compiled
+        size under fixed sampling, a power of two under Poisson and cyclic Poisson), so one program is compiled
         per bucket."""
         f = self.setup.fcfg
         cohort = np.asarray(cohort, np.int64)
         steps = self.setup.local_steps_of(cohort)
         buckets = np.array([next_power_of_two(int(x)) for x in np.maximum(steps, 1)], np.int64)
         n = len(cohort)
-        scan_width = min(self.chunk, n if f.sampling != "poisson" else next_power_of_two(max(n, 1)))
+        scan_width = min(self.chunk, n if f.sampling not in ("poisson", "cyclic-poisson") else next_power_of_two(max(n, 1)))
         out = []
         for b in np.unique(buckets):
             group = cohort[buckets == b]

@@ -187,7 +187,8 @@ def direction_scores(seed: int, count: int, initial: Any, final: Any) -> np.ndar
 
 def audit_relations(unit: str, sampling: str | None) -> dict[str, Any]:
     """The canaries' neighbouring relation beside the accountant's (``sampling`` of the run's DP
-    mechanism: ``"poisson"``, ``"fixed"``, ``"cyclic"`` (correlated noise), or None without DP) and whether the accountant's epsilon
+    mechanism: ``"poisson"``, ``"fixed"``, ``"cyclic"`` (correlated noise), ``"cyclic-poisson"`` (amplified banded MF,
+    add-or-remove-one: each unit's group is its own draw), or None without DP) and whether the accountant's epsilon
     bounds the audit's lower bound.
 
     >>> audit_relations("user", "fixed")["accountant_bounds_audit"]

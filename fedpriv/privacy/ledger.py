@@ -23,7 +23,10 @@ from fedpriv.privacy.accounting import (
     delta_for,
     epsilon_for,
 )
+from fedpriv.privacy.amplified import AmplifiedBandMF
 from fedpriv.privacy.correlated import CorrelatedSteps
+
+Event = GaussianSteps | CorrelatedSteps | AmplifiedBandMF
 
 _FORMAT = "fedpriv-privacy-ledger"
 
@@ -31,12 +34,12 @@ _FORMAT = "fedpriv-privacy-ledger"
 class PrivacyLedger:
     """An append-only record of the DP events of one training run."""
 
-    def __init__(self, entries: list[GaussianSteps | CorrelatedSteps] | None = None):
-        self.entries: list[GaussianSteps | CorrelatedSteps] = []
+    def __init__(self, entries: list[Event] | None = None):
+        self.entries: list[Event] = []
         for e in entries or []:
             self.record(e)
 
-    def record(self, event: GaussianSteps | CorrelatedSteps) -> None:
+    def record(self, event: Event) -> None:
         """Append ``event`` (its ``steps`` steps); merges with the last entry when the mechanism is the same.
         Refuses an event whose neighbouring relation or unit differs from the ledger's."""
         if self.entries:
@@ -80,12 +83,18 @@ class PrivacyLedger:
             raise DataFormatError(path, None, "not a fedpriv privacy ledger")
         names = {f.name for f in fields(GaussianSteps)}
         correlated = {f.name for f in fields(CorrelatedSteps)}
+        amplified = {f.name for f in fields(AmplifiedBandMF)}
         entries = []
         for i, raw in enumerate(obj["entries"]):
-            if not isinstance(raw, dict) or set(raw) not in (names, correlated):
-                raise DataFormatError(path, f"entry {i}", f"expected the keys {sorted(names)} (or, correlated noise, {sorted(correlated)})")
+            if not isinstance(raw, dict) or set(raw) not in (names, correlated, amplified):
+                raise DataFormatError(
+                    path, f"entry {i}", f"expected the keys {sorted(names)} (or, correlated noise, {sorted(correlated)}; amplified banded MF, {sorted(amplified)})"
+                )
             try:
-                entries.append(GaussianSteps(**raw) if set(raw) == names else CorrelatedSteps.from_json(raw))
+                if set(raw) == names:
+                    entries.append(GaussianSteps(**raw))
+                else:
+                    entries.append((CorrelatedSteps if set(raw) == correlated else AmplifiedBandMF).from_json(raw))
             except (FedprivError, TypeError, ValueError) as e:
                 raise DataFormatError(path, f"entry {i}", f"not a mechanism ({e})") from None
         return cls(entries)

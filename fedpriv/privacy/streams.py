@@ -80,6 +80,7 @@ NUMPY_STREAMS: dict[str, int] = {
     "client-side DP-SGD step plans (clients/privacy.py)": 0x5EED_D95D,
     "canary planting (memorization/canaries.py)": 0xCA7A,
     "cyclic schedule of correlated noise (privacy/correlated.py)": 0xC1C1E,
+    "cyclic Poisson sampling of amplified banded MF (privacy/amplified.py)": 0xC1C1E_9015,
     "audit canaries (memorization/empirical.py)": 0xE4B1,
     "random sampling test (memorization/random_sampling.py)": 0x5A3D,
     "extraction test (memorization/extraction.py)": 0xE8A7,

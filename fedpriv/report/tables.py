@@ -509,7 +509,7 @@ def epsilon_curves(events: Sequence[GaussianSteps], delta: float, accountant: st
     panels.append({"parameter": "rounds" if kind == "federated" else "epochs",
                    "label": "rounds" if kind == "federated" else "epochs (steps × B/N)", "x": step_x,
                    "epsilon": [point(ev.with_steps(s)) for s in steps], "own": float(ev.steps) if kind == "federated" else epochs, "log_x": True})
-    if ev.sampling not in ("none", "cyclic"):  # (a correlated-noise run's groups follow its batch: no batch panel)
+    if ev.sampling not in ("none", "cyclic", "cyclic-poisson"):  # (a correlated-noise run's groups follow its batch: no batch panel)
         batches = _integers(_geometric(ev.batch, 8.0, points), 1, ev.population, round(ev.batch))
         if float(ev.batch) not in batches:  # a fractional expected batch: keep the run's own exactly
             batches = sorted(set(batches) | {ev.batch})

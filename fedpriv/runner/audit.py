@@ -210,12 +210,12 @@ def run_accountant(cfg: ExperimentConfig) -> str:
 
 
 def run_sampling(cfg: ExperimentConfig) -> str | None:
-    """The sampling of the run's DP mechanism (DP-SGD's, or DP-FedAvg's cohorts; "cyclic" for
-    correlated noise), or None."""
+    """The sampling of the run's DP mechanism (DP-SGD's, or DP-FedAvg's cohorts; "cyclic" or
+    "cyclic-poisson" for correlated noise, as the config enforces), or None."""
     if cfg.privacy is not None:
-        return "cyclic" if cfg.privacy.mechanism != "gaussian" else cfg.privacy.sampling
+        return cfg.privacy.sampling
     if cfg.federated is not None and cfg.federated.dp is not None:
-        return "cyclic" if cfg.federated.dp.mechanism != "gaussian" else cfg.federated.sampling
+        return cfg.federated.sampling
     return None
 
 

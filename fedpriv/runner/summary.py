@@ -71,7 +71,7 @@ def run_summary(
     if kind == "central":
         out.update(algorithm="DP-SGD" if c.privacy else ("SGD on public data" if c.data.train_on == "public" else "SGD"), order=c.training.order, batch_size=c.training.batch_size, steps=train[-1]["step"] if train else 0)
         if c.privacy:
-            out.update(noise_multiplier_config=c.privacy.noise_multiplier, clip_norm=c.privacy.clip_norm, sampling="cyclic" if c.privacy.mechanism != "gaussian" else c.privacy.sampling)
+            out.update(noise_multiplier_config=c.privacy.noise_multiplier, clip_norm=c.privacy.clip_norm, sampling=c.privacy.sampling)
             if c.privacy.unit == "user":
                 out.update(algorithm="user-level DP-SGD", examples_per_user=c.privacy.examples_per_user)
     else:

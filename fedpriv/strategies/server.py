@@ -18,6 +18,9 @@ Correlated noise (``federated.dp.mechanism = "banded-mf"`` or ``"blt"``): the co
 the fixed group r mod b of a :class:`~fedpriv.privacy.correlated.CyclicSchedule` (b = N // m
 groups of m users), the noise is row r of C^-1 Z (Z_r from the ``correlated_noise`` stream), C^-1's
 state is the server state's ``noise``, and the run is accounted as one Gaussian mechanism.
+With ``sampling = "cyclic-poisson"`` (banded MF only) the cohort of round r is Poisson-sampled
+from group r mod b of a :class:`~fedpriv.privacy.amplified.CyclicPoissonSchedule` (b =
+``dp.groups``, m expected; the denominator stays m) and the run is accounted as amplified banded MF.
 """
 
 from __future__ import annotations
@@ -28,8 +31,9 @@ from typing import Any
 import jax
 import optax
 
-from fedpriv.config import FederatedConfig
+from fedpriv.config import FederatedConfig, amplified_groups
 from fedpriv.privacy.accounting import GaussianSteps
+from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
 from fedpriv.privacy.streams import CORRELATED_NOISE, DP_FEDAVG, NoiseSeed, stream_key
@@ -77,7 +81,10 @@ class ServerCore:
         d = fcfg.dp
         self.correlated = d is not None and d.mechanism != "gaussian"
         self.noising_matrix = None
-        if self.correlated:  # correlated noise: users in fixed groups of m, group r mod b in round r
+        if self.correlated and fcfg.sampling == "cyclic-poisson":  # amplified banded MF: group r mod b, Poisson-sampled
+            self.sampler = CyclicPoissonSchedule(population, fcfg.clients_per_round, amplified_groups(d), fcfg.rounds, self.noise.entropy, "user")
+            self.sampler.check("federated.dp", d.bands, d.max_participations, d.min_separation)
+        elif self.correlated:  # correlated noise: users in fixed groups of m, group r mod b in round r
             self.sampler = CyclicSchedule(population, fcfg.clients_per_round, fcfg.rounds, self.noise.entropy, "user")
             self.sampler.check("federated.dp", d.max_participations, d.min_separation)
         else:
@@ -89,10 +96,14 @@ class ServerCore:
             if self.correlated:
                 strategy = make_strategy(d.mechanism, d.bands or 1, d.buffers or 4)
                 self.noising_matrix = strategy.noising_matrix()
-                template = CorrelatedSteps.of(strategy, 1.0, self.sampler)
+                if isinstance(self.sampler, CyclicPoissonSchedule):
+                    template = AmplifiedBandMF.of(strategy, 1.0, self.sampler)
+                    how = f"{self.m} users expected per round, Poisson-sampled (q = {self.sampler.sampling_probability:.4g}) from group r mod b of {self.sampler.groups}"
+                else:
+                    template = CorrelatedSteps.of(strategy, 1.0, self.sampler)
+                    how = f"{self.sampler.groups} groups of {self.m} users, one per round"
                 (log or (lambda _m: None))(
-                    f"{strategy.describe()}: {self.sampler.groups} groups of {self.m} users, one per round (k = {self.sampler.max_participations}, "
-                    f"b = {self.sampler.groups}); noise state: {strategy.memory} model-sized buffer(s)"
+                    f"{strategy.describe()}: {how} (k = {self.sampler.max_participations}, b = {self.sampler.groups}); noise state: {strategy.memory} model-sized buffer(s)"
                 )
             else:
                 template = GaussianSteps(fcfg.sampling, 1.0, population, float(self.m), fcfg.rounds, "user")

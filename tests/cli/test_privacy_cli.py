@@ -186,3 +186,63 @@ def test_blt_epsilon_and_calibration_equal_jax_privacy_and_dp_accounting(capsys)
         coefs = np.asarray(buffered_toeplitz.BufferedToeplitz.from_rational_approx_to_sqrt_x(4).toeplitz_coefs(100), np.float64)
     assert _direct_epsilon(coefs, 48700, 1000, 100, z, 1e-5, "PLD") <= 8.0 < _direct_epsilon(coefs, 48700, 1000, 100, z * 0.999, 1e-5, "PLD")
     assert out["answers"][0]["epsilon"] == pytest.approx(_direct_epsilon(coefs, 48700, 1000, 100, z, 1e-5, "PLD"), rel=1e-9)
+
+
+def _amplified_by_hand(coefs, population, batch, groups, steps, z, delta, accountant):
+    """dp_accounting's k = ceil(steps / b) Poisson-subsampled Gaussians, q = B / (N // b), multiplier z / ||C's first column||."""
+    import math
+
+    import dp_accounting
+    import numpy as np
+
+    from fedpriv.privacy.accounting import PLD_DISCRETIZATION, RDP_ORDERS
+
+    one = dp_accounting.PoissonSampledDpEvent(batch / (population // groups), dp_accounting.GaussianDpEvent(z / float(np.linalg.norm(np.asarray(coefs)[:steps]))))
+    acc = dp_accounting.pld.PLDAccountant(value_discretization_interval=PLD_DISCRETIZATION) if accountant == "PLD" else dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS))
+    return acc.compose(dp_accounting.SelfComposedDpEvent(one, math.ceil(steps / groups))).get_epsilon(delta)
+
+
+def test_amplified_banded_mf_epsilon_equals_dp_accounting(capsys):
+    """`--sampling cyclic-poisson`: b = --groups (default --bands); the answers equal the composition by hand."""
+    import numpy as np
+    from jax_privacy.matrix_factorization import toeplitz
+
+    coefs = np.asarray(toeplitz.optimal_max_error_strategy_coefs(3), np.float64)
+    coefs /= np.linalg.norm(coefs)
+    argv = ["privacy", "epsilon", "-e", "banded-mf-fedavg", "--bands", "3", "--sampling", "cyclic-poisson", "-z", "1.2", "-N", "5000", "-B", "50", "--steps", "40", "--delta", "1e-6", "--json"]
+    for extra, groups, accountants in (([], 3, ["PLD", "RDP"]), (["--groups", "5", "--accountant", "rdp"], 5, ["RDP"])):
+        assert main([*argv, *extra]) == 0
+        out = json.loads(capsys.readouterr().out)
+        assert sorted(a["accountant"] for a in out["answers"]) == accountants
+        for a in out["answers"]:
+            assert a["epsilon"] == pytest.approx(_amplified_by_hand(coefs, 5000, 50, groups, 40, 1.2, 1e-6, a["accountant"]), rel=1e-9)
+            assert a["relation"] == "add-or-remove-one" and a["unit"] == "user" and f"b = {groups} groups" in a["sampling"]
+
+
+def test_amplified_banded_mf_calibration_equals_dp_accounting(capsys):
+    import numpy as np
+    from jax_privacy.matrix_factorization import toeplitz
+
+    calibrate = ["privacy", "calibrate", "-e", "banded-mf-dpsgd", "--bands", "2", "--sampling", "cyclic-poisson", "--target-epsilon", "3", "--delta", "1e-5",
+                 "-N", "5000", "-B", "50", "--steps", "20", "--json"]
+    assert main(calibrate) == 0
+    z = json.loads(capsys.readouterr().out)["calibrated_noise_multiplier"]
+    coefs2 = np.asarray(toeplitz.optimal_max_error_strategy_coefs(2), np.float64)
+    coefs2 /= np.linalg.norm(coefs2)
+    assert _amplified_by_hand(coefs2, 5000, 50, 2, 20, z, 1e-5, "RDP") <= 3.0 < _amplified_by_hand(coefs2, 5000, 50, 2, 20, z * 0.999, 1e-5, "RDP")
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["-e", "blt-fedavg", "--sampling", "cyclic-poisson"], "--sampling cyclic-poisson amplifies banded MF only: BLT has infinitely many bands"),
+        (["-e", "banded-mf-fedavg", "--bands", "4", "--sampling", "cyclic-poisson", "--groups", "3"], "--bands = 4 > --groups = 3: amplified banded MF needs at most b bands"),
+        (["-e", "banded-mf-fedavg", "--bands", "2", "--groups", "3"], "--groups applies to --sampling cyclic-poisson"),
+        (["-e", "banded-mf-fedavg", "--bands", "2", "--sampling", "cyclic-poisson", "--max-participations", "5"], "--max-participations = 5: 40 steps over b = 2 groups let one user take part up to 20 times"),
+        (["-e", "dpfedavg-poisson", "--sampling", "cyclic-poisson"], "apply to the correlated-noise events, not dpfedavg-poisson"),
+    ],
+)
+def test_amplified_refusals_are_one_line(extra, message, capsys):
+    assert main(["privacy", "epsilon", "-z", "1.2", "-N", "5000", "-B", "50", "--steps", "40", "--delta", "1e-6", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedpriv: error: ") and err.count("\n") == 1 and message in err, err
