@@ -93,6 +93,7 @@ class DPSGDStepper(CentralStepper):
                 raise FedprivError("user-level DP-SGD needs the training users' example counts")
             self.user_batches = UserBatches(user_counts, self.sampling, b_logical, total_steps, dp.examples_per_user, self.noise.entropy, groups)
             n, self.group = self.user_batches.num_users, dp.examples_per_user
+            self.batch_unit = "users"
         else:
             n, self.group = len(train["mask"]), 1
         super().__init__(task, cfg, total_steps, max(1, math.ceil(n / b_logical)), tx)

@@ -37,10 +37,12 @@ def sgd_gradient(task: Task) -> GradFn:
 
 class CentralStepper(Stepper):
     """What central steppers share: train rows every ``eval_every`` steps with the loss averaged
-    over the steps since the last row, an ``epoch`` column, progress lines in examples/s."""
+    over the steps since the last row, an ``epoch`` column, progress lines in examples/s (users/s for user-level DP-SGD)."""
 
     kind = "central"
     unit = "step"
+    #: what ``training.batch_size`` counts, for the progress line's rate (user-level DP-SGD: users)
+    batch_unit = "examples"
 
     def __init__(self, task: Task, cfg: TrainingConfig, total_steps: int, steps_per_epoch: int, tx: optax.GradientTransformation):
         self.task, self.cfg, self.tx = task, cfg, tx
@@ -72,7 +74,7 @@ class CentralStepper(Stepper):
         if row.get("epsilon") is not None:
             parts.append(f"epsilon {row['epsilon']:.3g} (delta {row['delta']:g}; {row.get('basis', '')})")
         parts += eval_text(eval_rows)
-        parts.append(f"{since * self.cfg.batch_size / max(seconds, 1e-9):.0f} examples/s")
+        parts.append(f"{since * self.cfg.batch_size / max(seconds, 1e-9):.0f} {self.batch_unit}/s")
         return ", ".join(parts)
 
 
