@@ -138,7 +138,7 @@ class DPSGDStepper(CentralStepper):
             say(f"{self.strategy.describe()}: {how} (k = {self.schedule.max_participations}, b = {self.schedule.groups}); noise state: {self.strategy.memory} model-sized buffer(s)")
         else:
             template = GaussianSteps(dp.sampling, 1.0, n, b_logical, total_steps, dp.unit, shards, micro)
-        self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say, self.noise.note())
+        self.budget = DPBudget(template, dp.noise_multiplier, dp.target_epsilon, dp.delta, dp.accountant, dp.epsilon_budget, "privacy", "step", say, self.noise.note(self.correlated))
         self.sigma = self.budget.noise_multiplier
         if self.budget.event is None:
             say("noise multiplier 0: clipping only, no privacy guarantee")

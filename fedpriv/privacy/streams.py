@@ -146,6 +146,10 @@ _check_registry()
 
 #: Appended to every guarantee of a training run whose noise is reproducible from its seed.
 SIMULATION_NOTE = "simulation: the noise is reproducible from the run's seed; a released model needs --secure-noise"
+#: Appended instead under a correlated-noise mechanism (banded-mf, blt), which refuses --secure-noise:
+#: its checkpointed streaming state is the noise itself (docs/correlated_noise.md).
+CORRELATED_SIMULATION_NOTE = ("simulation: the noise is reproducible from the run's seed; --secure-noise is not available with "
+                              "correlated noise (the checkpointed noise state would reveal the noise), so this mechanism is not for a released model")
 #: Appended to the guarantee of a --secure-noise run.
 SECURE_NOTE = "secure noise: every noise and sampling draw comes from a secret key that is not stored"
 
@@ -189,6 +193,9 @@ class NoiseSeed:
             raise ValueError(f"a noise secret needs at least 16 bytes (128 bits), got {len(secret)}")
         return NoiseSeed(secret_root_from(secret), int.from_bytes(secret[:16], "little"), hashlib.sha256(b"fedpriv-noise-secret:" + secret).hexdigest())
 
-    def note(self) -> str:
-        """The line every guarantee of the run carries (:data:`SIMULATION_NOTE` or :data:`SECURE_NOTE`)."""
-        return SECURE_NOTE if self.secure else SIMULATION_NOTE
+    def note(self, correlated: bool = False) -> str:
+        """The line every guarantee of the run carries (:data:`SIMULATION_NOTE` or :data:`SECURE_NOTE`;
+        :data:`CORRELATED_SIMULATION_NOTE` for a correlated-noise mechanism)."""
+        if self.secure:
+            return SECURE_NOTE
+        return CORRELATED_SIMULATION_NOTE if correlated else SIMULATION_NOTE

@@ -107,7 +107,7 @@ class ServerCore:
                 )
             else:
                 template = GaussianSteps(fcfg.sampling, 1.0, population, float(self.m), fcfg.rounds, "user")
-            self.budget = DPBudget(template, d.noise_multiplier, d.target_epsilon, d.delta, d.accountant, d.epsilon_budget, "federated.dp", "round", log, self.noise.note())
+            self.budget = DPBudget(template, d.noise_multiplier, d.target_epsilon, d.delta, d.accountant, d.epsilon_budget, "federated.dp", "round", log, self.noise.note(d.mechanism != "gaussian"))
         self.noise_multiplier = self.budget.noise_multiplier if self.budget is not None else 0.0
         self.aggregator = make_aggregator(fcfg, self.m, self.noise_multiplier, self.noising_matrix)
         self.noise_base = stream_key(self.noise.root, CORRELATED_NOISE if self.correlated else DP_FEDAVG)

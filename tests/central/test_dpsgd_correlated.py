@@ -93,3 +93,14 @@ def test_the_progress_line_counts_what_the_batch_counts(nwp):
                                      optax.sgd(0.1), 6, user_counts=counts).describe(3, {"loss": 1.0}, [], 1.5, 3)
     assert line("user").endswith(f"{3 * 32 / 1.5:.0f} users/s")
     assert line("example").endswith(f"{3 * 32 / 1.5:.0f} examples/s")
+
+
+def test_a_correlated_runs_guarantee_does_not_point_to_secure_noise_it_refuses(nwp):
+    """--secure-noise is refused with banded-mf/blt, so their guarantee must not say a released model needs it."""
+    from fedpriv.privacy.streams import CORRELATED_SIMULATION_NOTE, SIMULATION_NOTE
+
+    task, arrays, counts = nwp
+    make = lambda mech: DPSGDStepper(task, arrays, tcfg(), PrivacyConfig(clip_norm=0.5, noise_multiplier=1.0, delta=1e-5, mechanism=mech), 0,  # noqa: E731
+                                     optax.sgd(0.1), 6, user_counts=counts)
+    assert make("blt").budget.note == CORRELATED_SIMULATION_NOTE and "--secure-noise is not available" in CORRELATED_SIMULATION_NOTE
+    assert make("gaussian").budget.note == SIMULATION_NOTE
