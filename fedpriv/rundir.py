@@ -478,6 +478,10 @@ class RunDir:
         """Every row of ``metrics.jsonl``; DataFormatError naming the line of a damaged one."""
         return self._metric_rows(torn_tail_ok=False)
 
+    def metrics_so_far(self) -> list[dict[str, Any]]:
+        """The rows of a run that may have been killed: a torn last line is skipped."""
+        return self._metric_rows(torn_tail_ok=True)
+
     def _metric_rows(self, torn_tail_ok: bool) -> list[dict[str, Any]]:
         path = self.path / METRICS
         if not path.is_file():

@@ -95,6 +95,7 @@ class StoreContents:
     ledgers: dict[str, list[GaussianSteps]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # run name -> why (failed.json): never compared
     contrasts: list[dict[str, str]] = field(default_factory=list)
+    started: dict[str, str] = field(default_factory=dict)  # run name -> where it stopped (a run folder with metrics, no summary)
 
 
 def read_store(store: Path) -> StoreContents:
@@ -113,6 +114,9 @@ def read_store(store: Path) -> StoreContents:
             out.failed[run["name"]] = failed["reason"]
             continue
         if not rd.has_summary():
+            where = stopped_at(rd)
+            if where:
+                out.started[run["name"]] = where
             continue
         out.summaries[run["name"]] = rd.summary()
         rd.metrics()  # the rows the summary came from: a damaged or doubled metrics.jsonl is refused, naming the line
@@ -123,6 +127,25 @@ def read_store(store: Path) -> StoreContents:
         if rd.has(LEDGER):
             out.ledgers[run["name"]] = PrivacyLedger.load(rd.file(LEDGER)).entries
     return out
+
+
+def stopped_at(rd: RunDir) -> str:
+    """Where a run without a summary stopped, from its metrics: its last step or round and its
+    last validation value of the headline metric ('' when it wrote no metrics; a torn last line,
+    as a killed run leaves, is skipped)."""
+    try:
+        rows = rd.metrics_so_far()
+        metric, label = rd.utility()
+    except FedprivError:
+        return "metrics unreadable"
+    if not rows:
+        return ""
+    unit = "round" if (rd.config_meta() or {}).get("kind") == "federated" else "step"
+    where = f"{unit} {max(int(r.get('step', 0)) for r in rows)}"
+    val = [r for r in rows if r.get("split") == "validation" and r.get(metric) is not None]
+    if val:
+        where += f", validation {label} {100 * float(val[-1][metric]):.2f}% at {unit} {val[-1]['step']}"
+    return where
 
 
 # ---- pure table builders --------------------------------------------------------------------------
@@ -698,9 +721,12 @@ def comparison_markdown(
     plots: Sequence[str],
     settings: Mapping[str, Any] | None = None,
     contrasts: Sequence[Mapping[str, Any]] = (),
+    started: Mapping[str, str] | None = None,
 ) -> str:
     """The whole comparison.md: introduction, comparison table (one row per run group),
-    contrasts, unfinished runs, the by-configuration table, notes, and the plots as image links."""
+    contrasts, unfinished runs (with where they stopped, ``started``), the by-configuration table,
+    notes, and the plots as image links."""
+    started = started or {}
     by_label = rows_by_utility(rows)
     lines = introduction(name, settings or {}, next(iter(by_label)))
     if len(by_label) == 1:
@@ -720,7 +746,7 @@ def comparison_markdown(
                   "that one side trained less.", ""]
         lines += contrast_table_lines(contrasts)
     if unfinished:
-        lines += ["", "Not finished (no summary.json): " + ", ".join(unfinished) + "."]
+        lines += ["", "Not finished (no summary.json): " + ", ".join(f"{name} ({started[name]})" if name in started else name for name in unfinished) + "."]
     lines += ["", "## Memorized canaries by configuration", "",
               "Rows are canary configurations (p_u: probability a user shares the canary; p_e: probability each of a sharer's "
               "examples is replaced by it); cells are RS-memorized / BS-memorized of the canaries in that configuration (masked-LM canaries, which have no RS/BS test: mean and max exposure of the secret, in bits); "
@@ -917,6 +943,6 @@ def _write_report(store: Path, contents: "StoreContents", out: Path) -> Path:
         notes.append(f"Run {name} failed and is not compared: {why}.")
     if write_measurements(store, out) is not None:
         notes.append("Local privacy measurements (plausible deniability N_w / S_w, token inversion accuracy per eta): [measurements.md](measurements.md).")
-    md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, {**contents.summaries, **contents.failed}), notes, drawn, contents.audit_settings, contrasts)
+    md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, {**contents.summaries, **contents.failed}), notes, drawn, contents.audit_settings, contrasts, contents.started)
     (out / "comparison.md").write_text(md, encoding="utf-8")
     return out

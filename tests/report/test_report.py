@@ -13,6 +13,7 @@ import fcntl
 import json
 import math
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -246,9 +247,13 @@ def test_an_unfinished_run_is_listed_as_not_finished(store, tmp_path):
     out = write_report(copy)
     assert [r["run"] for r in _csv(out / "runs.csv")] == [r for r in RUNS if r != "dp-fedavg"]
     md = (out / "comparison.md").read_text()
-    assert "Not finished (no summary.json): dp-fedavg." in md
+    # it left metrics: the report says where it stopped (the last round of its metrics)
+    last = max(json.loads(line)["step"] for line in (copy / "dp-fedavg" / "metrics.jsonl").read_text().splitlines() if line)
+    assert re.search(rf"Not finished \(no summary\.json\): dp-fedavg \(round {last}(, validation [^)]* at round \d+)?\)\.", md), md
     assert not any(line.startswith("| dp-fedavg |") for line in md.splitlines())
     _assert_png(out / "epsilon_vs_parameters.png")  # dp-sgd is still there
+    (copy / "dp-fedavg" / "metrics.jsonl").unlink()  # a run that never wrote a row: its name alone
+    assert "Not finished (no summary.json): dp-fedavg." in (write_report(copy) / "comparison.md").read_text()
 
 
 @pytest.mark.slow
@@ -260,7 +265,7 @@ def test_without_a_dp_run_the_epsilon_plot_is_skipped_and_said_so(store, tmp_pat
     md = (out / "comparison.md").read_text()
     assert not (out / "epsilon_vs_parameters.png").exists()
     assert "epsilon_vs_parameters.png not drawn" in md and "](epsilon_vs_parameters.png)" not in md
-    assert "Not finished (no summary.json): dp-sgd, dp-fedavg." in md
+    assert re.search(r"Not finished \(no summary\.json\): dp-sgd \(step \d+[^)]*\), dp-fedavg \(round \d+[^)]*\)\.", md), md
     for name in ("memorized_by_configuration.png", "exposure_vs_insertions.png", "utility_vs_epsilon.png"):
         _assert_png(out / name)
 
