@@ -324,6 +324,7 @@ def run_cmd(
     allow_large_delta: bool = _ALLOW_LARGE_DELTA,
     secure: bool = typer.Option(False, "--secure-noise", help="Every run that adds DP noise draws it, and its sampling, from a secret that is never stored (FEDPRIV_NOISE_SECRET, hex, or the OS CSPRNG); runs without DP noise are unchanged. Default: reproducible from the seed (simulation)."),
     private_stats: bool = _private_stats_option(),
+    keep_going: bool = typer.Option(False, "--keep-going", help="A run refused before it trains (e.g. a cohort larger than this corpus's users, or a run it starts from refused) is marked failed with the reason and the other runs go on; the report names it. For pointing an experiment at another corpus. Ends with an error (exit status 2) naming the failed runs, after the report."),
 ) -> None:
     """Train and audit every run of an experiment (central and federated, one planted corpus)."""
     from fedpriv.runner.store import failures, run_experiment
@@ -331,7 +332,7 @@ def run_cmd(
     say = None if as_json else _say
     names = None if only is None else [n.strip() for n in only.split(",") if n.strip()]
     with _naming(experiment):
-        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), _with_private_stats(parse_options(set_, "--set"), private_stats), stop_after, say, restart, names, allow_large_delta, secure)
+        store, summaries, complete = run_experiment(experiment, _out_option(out_dir), _with_private_stats(parse_options(set_, "--set"), private_stats), stop_after, say, restart, names, allow_large_delta, secure, keep_going)
     written = None
     if complete and report:
         from fedpriv.report.tables import write_report

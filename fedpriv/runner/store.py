@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.config import changed_keys, check_kind, normalized_config
-from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, TrainingDiverged
+from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, RunDirInUse, TrainingDiverged
 from fedpriv.jsonio import write_json_atomic
-from fedpriv.rundir import EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir, hold, read_store_record
+from fedpriv.rundir import CHECKPOINT, EMPIRICAL, EXPERIMENT, RUN_CONFIG, TUNE_DIR, RunDir, hold, read_store_record
 from fedpriv.runner.audit import audit_run, auditable, empirical_audit
 from fedpriv.runner.checks import data_key, in_run
 from fedpriv.runner.dispatch import train_run
@@ -100,6 +100,7 @@ def run_experiment(
     only: list[str] | None = None,
     allow_large_delta: bool = False,
     secure_noise: bool = False,
+    keep_going: bool = False,
 ) -> tuple[Path, list[dict[str, Any]], bool]:
     """Train and audit every run, then compute the ``[[measure]]`` entries not yet in the store
     (see the module docstring). ``stop_after``: stop the first run that trains once it has done
@@ -108,6 +109,11 @@ def run_experiment(
     they start from must be among them or finished already. ``allow_large_delta``: a delta >= 1/N
     warns instead of refusing (:func:`fedpriv.runner.checks.check_prepared`). ``secure_noise``: every run that adds
     DP noise draws it from a secret (:func:`fedpriv.training.noise.with_secure_noise`).
+    ``keep_going``: a run refused before it trains (its data too small for its batch or cohort, a
+    run it starts from refused or failed, ...) is marked failed with the reason (``failed.json``:
+    left out of the report, which names it) and the other runs go on; a run that had trained is
+    left to resume, not marked. An error in reading or preparing the data stops the grid even so
+    (every run that reads that data would fail alike).
     Returns (store, summaries of the finished runs, whether every run finished or failed:
     :func:`failures` names the failed ones)."""
     say = log or (lambda _m: None)
@@ -127,12 +133,58 @@ def run_experiment(
     store = Path(store) if store is not None else Path("runs") / name
     chosen = select_runs(specs, only, lambda ref: RunDir(store / ref).has_summary())
     with hold(store, "store"):  # one process per store; a folder that is not a store is refused
-        return _run_store(path, store, experiment, chosen, stop_after, say, restart, only, log, overrides, allow_large_delta)
+        return _run_store(path, store, experiment, chosen, stop_after, say, restart, only, log, overrides, allow_large_delta, keep_going)
+
+
+#: :func:`_run_one`'s answer for a run stopped with a checkpoint (``--stop-after``).
+STOPPED: dict[str, Any] = {}
+
+
+def _run_one(spec: RunSpec, run: RunDir, store: Path, path: str | os.PathLike[str], prepared_by_key: dict[str, Prepared], stop_after: int | None,
+             prefixed: Callable[[str], None], tag: str, say: Callable[[str], None], log: Callable[[str], None] | None,
+             allow_large_delta: bool) -> dict[str, Any] | None:
+    """Prepare (shared by runs with one data key), tune, train and audit one run: its summary; None
+    when its training diverged (marked failed); :data:`STOPPED` when it stopped with a checkpoint."""
+    run.create()
+    refs = run_refs(spec.config)
+    spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
+    key = data_key(spec.config)
+    where = f"{path}: run {spec.name!r}"
+    if key not in prepared_by_key:
+        try:
+            prepared_by_key[key] = dataclasses.replace(in_run(where, prepare, spec.config, prefixed), allow_large_delta=allow_large_delta)
+        except FedprivError as e:
+            e.shared = True  # type: ignore[attr-defined]  # the data itself: every run that reads it would fail alike
+            raise
+    tuned = None
+    if spec.tune:  # learning rates chosen on the validation users; recorded in STORE/tune/
+        tuned = in_run(where, tune_run, spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)
+        spec = tuned_spec(spec, tuned)
+    run.write_json(RUN_CONFIG, spec.raw)
+    prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
+    t0 = time.perf_counter()
+    if not run.has_params():
+        try:
+            done = in_run(where, _train, spec, prepared, run, stop_after, prefixed if log else None)
+        except TrainingDiverged as e:
+            say(f"{tag} failed: {e}")
+            return None
+        if not done:
+            say(f"{tag} stopped with a checkpoint; run the same command again to resume")
+            return STOPPED
+    if auditable(spec.config):
+        in_run(where, audit_run, run.path, None, prefixed, prepared)
+    if spec.config.audit.empirical and spec.config.data.train_on != "public" and not run.has(EMPIRICAL):  # the public model holds no audit canaries
+        in_run(where, empirical_audit, run.path, prefixed, prepared)
+    summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
+    if tuned is not None:
+        summary["tuned"] = {"winner": tuned["winner"], "metric": tuned["metric"], "record": f"{TUNE_DIR}/{tuned['group']}.json"}
+    return summary
 
 
 def _run_store(path: str | os.PathLike[str], store: Path, experiment: Any, chosen: list[RunSpec], stop_after: int | None, say: Callable[[str], None], restart: bool,
                only: list[str] | None, log: Callable[[str], None] | None, overrides: dict[str, Any] | None,
-               allow_large_delta: bool = False) -> tuple[Path, list[dict[str, Any]], bool]:
+               allow_large_delta: bool = False, keep_going: bool = False) -> tuple[Path, list[dict[str, Any]], bool]:
     """:func:`run_experiment`'s body, under the store's lock."""
     name, specs, measures = experiment.name, experiment.runs, experiment.measures
     fresh = check_store(store, name, specs, restart)
@@ -175,36 +227,23 @@ def _run_store(path: str | os.PathLike[str], store: Path, experiment: Any, chose
             if failed is not None:
                 say(f"{tag} failed earlier, skipped ({failed['reason']}); pass --restart to train it afresh")
                 continue
-            run.create()
-            refs = run_refs(spec.config)
-            spec = resolve_run_refs(spec, store)  # "run:NAME" -> that run's directory (finished: it came earlier)
-            key = data_key(spec.config)
-            where = f"{path}: run {spec.name!r}"
-            if key not in prepared_by_key:
-                prepared_by_key[key] = dataclasses.replace(in_run(where, prepare, spec.config, prefixed), allow_large_delta=allow_large_delta)
-            tuned = None
-            if spec.tune:  # learning rates chosen on the validation users; recorded in STORE/tune/
-                tuned = in_run(where, tune_run, spec, dataclasses.replace(prepared_by_key[key], config=spec.config), store, prefixed)
-                spec = tuned_spec(spec, tuned)
-            run.write_json(RUN_CONFIG, spec.raw)
-            prepared = dataclasses.replace(prepared_by_key[key], config=spec.config)
-            t0 = time.perf_counter()
-            if not run.has_params():
-                try:
-                    done = in_run(where, _train, spec, prepared, run, stop_after, prefixed if log else None)
-                except TrainingDiverged as e:
-                    say(f"{tag} failed: {e}")
+            try:
+                summary = _run_one(spec, run, store, path, prepared_by_key, stop_after, prefixed, tag, say, log, allow_large_delta)
+            except (TrainingDiverged, ConfigChanged, RunDirInUse):
+                raise
+            except FedprivError as e:
+                if not keep_going or getattr(e, "shared", False):
+                    raise
+                if run.has_params() or run.has(CHECKPOINT):  # it trained: keep what it has for a resume, do not mark it
+                    say(f"{tag} stopped by an error, left to resume ({e}); --keep-going: the other runs go on")
                     continue
-                if not done:
-                    say(f"{tag} stopped with a checkpoint; run the same command again to resume")
-                    return store, summaries, False
-            if auditable(spec.config):
-                in_run(where, audit_run, run.path, None, prefixed, prepared)
-            if spec.config.audit.empirical and spec.config.data.train_on != "public" and not run.has(EMPIRICAL):  # the public model holds no audit canaries
-                in_run(where, empirical_audit, run.path, prefixed, prepared)
-            summary = run_summary(spec.name, spec.kind, spec.config, run.path, time.perf_counter() - t0, refs, group=spec.group)
-            if tuned is not None:
-                summary["tuned"] = {"winner": tuned["winner"], "metric": tuned["metric"], "record": f"{TUNE_DIR}/{tuned['group']}.json"}
+                run.write_failure(f"refused before training: {e}", 0, None)
+                say(f"{tag} refused before training ({e}); --keep-going: the other runs go on")
+                continue
+            if summary is None:  # diverged: marked failed
+                continue
+            if summary is STOPPED:
+                return store, summaries, False
             run.write_summary(summary)
             summaries.append(summary)
             trained += 1

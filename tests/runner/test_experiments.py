@@ -407,3 +407,74 @@ def test_only_selects_runs_in_experiment_order_with_what_they_start_from():
     assert [s.name for s in select_runs(specs, ["ft"], finished=lambda name: name == "pre")] == ["ft"]
     with pytest.raises(ConfigError, match="no run named 'fine'; the runs are pre, ft, other"):
         select_runs(specs, ["fine"])
+
+
+KEEP_GOING = """
+name = "kg"
+seed = 0
+[data]
+source = "synthetic:users=30,examples=600"
+heldout_fraction = 0.1
+[vocab]
+size = 60
+seq_len = 8
+[task]
+kind = "nwp"
+model = "tiny"
+[training]
+batch_size = 16
+steps = 4
+eval_every = 2
+[federated]
+rounds = 2
+clients_per_round = 5
+local_batch_size = 4
+max_local_steps = 1
+[audit]
+rs_candidates = 50
+extraction_examples = 0
+
+[[runs]]
+name = "too-big"
+kind = "federated"
+federated = { clients_per_round = 1000 }
+
+[[runs]]
+name = "after-too-big"
+kind = "central"
+init = { from = "run:too-big" }
+
+[[runs]]
+name = "sgd"
+kind = "central"
+"""
+
+
+@pytest.mark.slow
+def test_keep_going_marks_refused_runs_and_trains_the_others(tmp_path, capsys):
+    """Pointed at a corpus too small for one row, --keep-going refuses that row (and the row that
+    starts from it) with the reason and trains the rest; the report names them; exit status 2 (an error naming them).
+    Without it, the first refusal stops the grid before any run trains."""
+    (tmp_path / "kg.toml").write_text(KEEP_GOING)
+    with pytest.raises(FedprivError, match="clients_per_round = 1000 exceeds the 29 training users"):
+        run_experiment(tmp_path / "kg.toml", tmp_path / "strict")
+    assert not (tmp_path / "strict" / "sgd" / "summary.json").exists()
+    assert main(["run", str(tmp_path / "kg.toml"), "--out", str(tmp_path / "store"), "--keep-going"]) == 2
+    err = capsys.readouterr().err
+    assert "2 run(s) failed and are left out of the report" in err
+    store = tmp_path / "store"
+    why = {n: json.loads((store / n / "failed.json").read_text())["reason"] for n in ("too-big", "after-too-big")}
+    assert why["too-big"].startswith("refused before training:") and "exceeds the 29 training users" in why["too-big"]
+    assert why["after-too-big"].startswith("refused before training:") and "too-big" in why["after-too-big"]
+    assert (store / "sgd" / "summary.json").is_file()
+    md = (store / "report" / "comparison.md").read_text()
+    assert "Run too-big failed and is not compared: refused before training:" in md and "| sgd |" in md
+
+
+def test_keep_going_still_stops_at_an_error_in_the_data_itself(tmp_path):
+    """A missing column fails every run alike: --keep-going stops there instead of marking each run failed."""
+    (tmp_path / "c.jsonl").write_text('{"who": "a", "body": "one two three"}\n')
+    (tmp_path / "kg.toml").write_text(KEEP_GOING.replace('source = "synthetic:users=30,examples=600"', f'source = "{tmp_path / "c.jsonl"}"\noptions = {{ user_column = "who", text_column = "text" }}'))
+    with pytest.raises(FedprivError, match="missing column 'text'"):
+        run_experiment(tmp_path / "kg.toml", tmp_path / "store", keep_going=True)
+    assert not list((tmp_path / "store").glob("*/failed.json"))
