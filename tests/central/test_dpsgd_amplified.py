@@ -2,44 +2,21 @@
 Poisson-sampled from the step's group, user-level DP-SGD trained end to end with a bitwise resume
 after a kill."""
 
-import jax
 import numpy as np
 import optax
 import pytest
+from central_helpers import flat, run, shakespeare_nwp, tcfg
 
 from fedpriv.central.dpsgd import DPSGDStepper
-from fedpriv.central.train import train_central
-from fedpriv.config import PrivacyConfig, TrainingConfig
-from fedpriv.data.shakespeare import load_shakespeare
+from fedpriv.config import PrivacyConfig
 from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.rundir import LEDGER
-from fedpriv.runner.prepare import encode_corpus
-from fedpriv.tasks.nwp import NWPTask
-from fedpriv.vocab.word import WordVocab
 
 
 @pytest.fixture(scope="module")
 def nwp():
-    corpus = load_shakespeare().with_min_examples(40)
-    vocab = WordVocab.build((e.text for e in corpus.records()), 400)
-    task = NWPTask(vocab, seq_len=10, model="tiny")
-    return task, encode_corpus(task, corpus), corpus.counts()
-
-
-def tcfg(**kw):
-    base = dict(optimizer="sgd", learning_rate=0.5, batch_size=32, steps=6, eval_every=3, checkpoint_every=2)
-    base.update(kw)
-    return TrainingConfig(**base)
-
-
-def run(task, arrays, counts, tmp_path, name, dp, cfg, **kw):
-    stepper = DPSGDStepper(task, arrays, cfg, dp, 0, optax.sgd(cfg.learning_rate), cfg.steps, user_counts=counts)
-    return train_central(task, arrays, counts, cfg, 0, tmp_path / name, stepper=stepper, **kw), stepper
-
-
-def flat(params):
-    return np.concatenate([np.ravel(np.asarray(x)) for x in jax.tree.leaves(params)])
+    return shakespeare_nwp()
 
 
 def test_example_level_batches_are_poisson_samples_of_the_step_s_group(nwp):

@@ -3,13 +3,11 @@ a bitwise resume after a kill, and the refusal of a schedule that breaks the par
 
 from __future__ import annotations
 
-import json
 
 import pytest
-from federated_helpers import leaves_max_diff, write_config
+from federated_helpers import train_cut_and_resume, write_config
 
 from fedpriv.engines.setup import FederatedSetup
-from fedpriv.engines.vectorized import run_vectorized
 from fedpriv.errors import PrivacyParameterError
 from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
 from fedpriv.privacy.ledger import PrivacyLedger
@@ -25,14 +23,7 @@ AMPLIFIED = (
 @pytest.mark.slow
 def test_amplified_banded_mf_dp_fedavg_trains_and_resumes_bitwise(tmp_path):
     cfg = write_config(tmp_path, extra=AMPLIFIED)
-    full = run_vectorized(prepare(cfg), tmp_path / "full")
-    part = run_vectorized(prepare(cfg), tmp_path / "cut", stop_after=1)
-    assert part.done == 1
-    resumed = run_vectorized(prepare(cfg), tmp_path / "cut")
-    assert resumed.done == 3
-    assert leaves_max_diff(full.params, resumed.params) == 0.0
-    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "round_seconds"} for x in p.read_text().splitlines()]  # noqa: E731
-    assert strip(tmp_path / "full" / "metrics.jsonl") == strip(tmp_path / "cut" / "metrics.jsonl")
+    full = train_cut_and_resume(cfg, tmp_path)
     rows = [r for r in full.history if r["split"] == "train"]
     assert 7.99 < rows[-1]["epsilon"] <= 8.0
     assert all("user-level, add-or-remove-one user; banded MF, 2 band(s)" in r["guarantee"] and "b = 3 groups" in r["guarantee"] for r in rows)

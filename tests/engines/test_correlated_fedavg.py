@@ -3,15 +3,13 @@ guarantee, a bitwise resume after a kill, and the config's refusals."""
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
-from federated_helpers import leaves_max_diff, write_config
+from federated_helpers import train_cut_and_resume, write_config
 
 from fedpriv.config import FederatedConfig, load_config
 from fedpriv.engines.setup import FederatedSetup
-from fedpriv.engines.vectorized import run_vectorized
 from fedpriv.errors import ConfigError, PrivacyParameterError
 from fedpriv.runner.prepare import prepare
 
@@ -21,14 +19,7 @@ BLT = 'strategy = "dp-fedavg"\nclip_norm = 0.3\ndp = { mechanism = "blt", buffer
 @pytest.mark.slow
 def test_blt_dp_fedavg_trains_and_resumes_bitwise(tmp_path):
     cfg = write_config(tmp_path, extra=BLT)
-    full = run_vectorized(prepare(cfg), tmp_path / "full")
-    part = run_vectorized(prepare(cfg), tmp_path / "cut", stop_after=1)
-    assert part.done == 1
-    resumed = run_vectorized(prepare(cfg), tmp_path / "cut")
-    assert resumed.done == 3
-    assert leaves_max_diff(full.params, resumed.params) == 0.0
-    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "round_seconds"} for x in p.read_text().splitlines()]  # noqa: E731
-    assert strip(tmp_path / "full" / "metrics.jsonl") == strip(tmp_path / "cut" / "metrics.jsonl")
+    full = train_cut_and_resume(cfg, tmp_path)
     rows = [r for r in full.history if r["split"] == "train"]
     assert 7.99 < rows[-1]["epsilon"] <= 8.0 and rows[0]["epsilon"] < rows[-1]["epsilon"]
     assert all("user-level, zero-out-one user; BLT, 2 buffer(s)" in r["guarantee"] and "fixed groups of 6" in r["guarantee"] for r in rows)
