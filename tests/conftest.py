@@ -23,6 +23,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from ray_cluster import flower_on_shared_ray, shared_ray  # noqa: E402, F401  (fixtures: in-process Flower runs on one Ray cluster per module)
 
 DATA = Path(__file__).parent / "data"
 

@@ -228,7 +228,7 @@ def test_record_level_privacy_section_is_refused_for_federated_runs(tmp_path):
     # 6 users: groups of 4 and 2 (padded); adaptive clipping moves S by the norms the ClientApps report
     ids=["fedavg", "dp-fedavg", "dp-fedavg-4-users-per-message", "dp-fedavg-adaptive-summed-on-client", "fedavg-summed-on-client"],
 )
-def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra):
+def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra, flower_on_shared_ray):
     federated, _, flower = extra.partition("|")
     prepared = prepare(load_config(write_config(tmp_path, extra=federated, flower=flower)))
     vec = train_run(prepared, tmp_path / "vec", engine="vectorized")
