@@ -8,9 +8,10 @@ disconnects; the simulation's actors belong to its job and end with it. Everythi
 same: the same apps, an actor pool sized from the node's CPUs (the head has this machine's CPUs,
 as a local instance has), workers started with this process's environment (JAX's 8 host devices
 and compilation cache). Tests that run the CLI in a subprocess do not use it (their kill takes the
-simulation's own Ray processes with it).
+simulation's own Ray processes with it); nor do the ``flwr run`` tests, whose SuperLink-started
+simulations were slower on it (116 s -> 143 s for tests/engines/test_flwr_run.py here).
 
-Test modules import it by name, as ``federated_helpers``. The head gets free ports and a temp dir
+tests/conftest.py registers the fixtures below. The head gets free ports and a temp dir
 of its own (two xdist workers, or other users of the machine, may run a cluster at the same time);
 on exit its processes, found by that temp dir and its address, and their children are killed
 by pid, pass or fail.
