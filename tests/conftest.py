@@ -3,7 +3,10 @@
 JAX sees 8 CPU devices in the tests (set before JAX is imported), so sharded training runs here
 without accelerators. Compiled programs go to JAX's persistent compilation cache (a directory
 under the system temp dir, or $FEDPRIV_TEST_JAX_CACHE), so the many short runs that compile the
-same programs (resume tests, engine comparisons, both xdist workers) compile each once.
+same programs (resume tests, engine comparisons, both xdist workers) compile each once. A test
+that runs Flower simulations takes ``flower_on_shared_ray`` (or ``shared_ray``, the address): they
+connect to one Ray cluster per test module instead of starting and stopping one each
+(tests/ray_cluster.py).
 
 Scheduling under ``make test`` (``pytest -n 2 --dist loadfile --no-loadscope-reorder``): a test
 file runs whole on one worker, so a module-scoped fixture (a trained store, a prepared corpus) is
@@ -23,6 +26,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.2")
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
+from ray_cluster import flower_on_shared_ray, shared_ray  # noqa: E402, F401  (fixtures: in-process Flower runs on one Ray cluster per module)
 
 DATA = Path(__file__).parent / "data"
 

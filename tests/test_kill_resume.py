@@ -181,10 +181,18 @@ def run_files(run: Path) -> dict:
     return out
 
 
-def killed_and_resumed(train, root: Path, reference: Path, seed: int, random_points: int, fixed: str = "all") -> None:
-    """``train(dir)`` uninterrupted into ``reference``, then killed at each point and run again."""
+def uninterrupted(train, reference: Path) -> list[tuple[str, str]]:
+    """``train(reference)`` without a kill: the writes it made."""
     with writes(reference) as events:
         train(reference)
+    return events
+
+
+def killed_and_resumed(train, root: Path, reference: Path, seed: int, random_points: int, fixed: str = "all", events: list[tuple[str, str]] | None = None) -> None:
+    """``train(dir)`` uninterrupted into ``reference`` (unless its ``events`` are given: the run is
+    there already), then killed at each point and run again."""
+    if events is None:
+        events = uninterrupted(train, reference)
     for i, (k, torn) in enumerate(kill_points(events, seed, random_points, fixed)):
         run = root / f"killed-{i}"
         with writes(run, kill_at=k, torn=torn), pytest.raises((Killed, FedprivError)):
@@ -207,27 +215,37 @@ def test_dp_fedavg_vectorized_killed_anywhere_resumes_to_the_same_result(tmp_pat
     killed_and_resumed(lambda d: train_run(prepared, d, "federated", "vectorized"), tmp_path, tmp_path / "full", seed=2, random_points=2)
 
 
-def test_dp_fedavg_on_flower_killed_anywhere_resumes_to_the_same_result(tmp_path):
+@pytest.fixture(scope="module")
+def flower_reference(tmp_path_factory, shared_ray):
+    """The DP-FedAvg config on Flower (4 rounds, a checkpoint every round), prepared and run once
+    uninterrupted for both Flower tests: (config path, prepared, run dir, the writes it made)."""
+    root = tmp_path_factory.mktemp("flower")
+    cfg_path = root / "f.toml"
+    cfg_path.write_text(BASE + DP_FEDAVG)
+    prepared = prepare(load_config(cfg_path))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("RAY_ADDRESS", shared_ray)
+        events = uninterrupted(lambda d: train_run(prepared, d, "federated", "flower"), root / "full")
+    return cfg_path, prepared, root / "full", events
+
+
+def test_dp_fedavg_on_flower_killed_anywhere_resumes_to_the_same_result(tmp_path, flower_reference, flower_on_shared_ray):
     """Three kills (a Flower simulation takes tens of seconds here): a checkpoint write (torn
     state or the committing replace) and two uniform points over every write, drawn by the seed."""
-    cfg_path = tmp_path / "f.toml"
-    cfg_path.write_text(BASE + DP_FEDAVG.replace("rounds = 4", "rounds = 3"))
-    prepared = prepare(load_config(cfg_path))
-    killed_and_resumed(lambda d: train_run(prepared, d, "federated", "flower"), tmp_path, tmp_path / "full", seed=3, random_points=2, fixed="checkpoint")
+    _, prepared, reference, events = flower_reference
+    killed_and_resumed(lambda d: train_run(prepared, d, "federated", "flower"), tmp_path, reference, seed=3, random_points=2, fixed="checkpoint", events=events)
 
 
-def test_a_killed_flower_cli_run_resumes_to_the_same_result(tmp_path):
+def test_a_killed_flower_cli_run_resumes_to_the_same_result(tmp_path, flower_reference):
     """A real SIGKILL of `fedpriv train federated --engine flower` (its whole process group: the
     ServerApp's process and the simulation's Ray processes) at a seeded moment after a checkpoint,
-    then the same command again: the uninterrupted run's parameters, metrics and ledger."""
-    cfg_path = tmp_path / "f.toml"
-    cfg_path.write_text(BASE + DP_FEDAVG)  # 4 rounds, a checkpoint every round
+    then the same command again: the uninterrupted run's parameters, metrics and ledger (the
+    in-process run of the same config: the command must give exactly what it gives)."""
+    cfg_path, _, reference, _ = flower_reference  # 4 rounds, a checkpoint every round
     cmd = [sys.executable, "-m", "fedpriv.cli", "train", "federated", str(cfg_path), "--engine", "flower"]
-    full = subprocess.run([*cmd, "--out", str(tmp_path / "full")], capture_output=True, text=True, timeout=300)
-    assert full.returncode == 0, full.stderr[-3000:]
     # Kill a seeded moment within about one round after round 1's or 2's checkpoint: two rounds
     # (and their evaluation) are still to come then, so the kill lands before the run ends.
-    rounds = [r["round_seconds"] for r in read_metrics(tmp_path / "full") if r["split"] == "train" and r["round"] >= 3]
+    rounds = [r["round_seconds"] for r in read_metrics(reference) if r["split"] == "train" and r["round"] >= 3]
     rng = random.Random(6)
     after_round, delay = rng.randint(1, 2), rng.uniform(0.0, min(rounds))
     run = tmp_path / "killed"
@@ -259,7 +277,7 @@ def test_a_killed_flower_cli_run_resumes_to_the_same_result(tmp_path):
     again = subprocess.run([*cmd, "--out", str(run)], capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"resumed from the checkpoint at round {killed_at} of 4" in again.stderr, again.stderr[-3000:]
-    assert run_files(run) == run_files(tmp_path / "full"), (after_round, delay, killed_at)
+    assert run_files(run) == run_files(reference), (after_round, delay, killed_at)
 
 
 def test_the_runner_killed_anywhere_resumes_to_the_same_store(tmp_path):
