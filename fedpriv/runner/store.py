@@ -131,7 +131,9 @@ def run_experiment(
     for spec in specs:
         check_kind(spec.config, spec.kind, f"{path}: run {spec.name!r}")
     store = Path(store) if store is not None else Path("runs") / name
-    chosen = select_runs(specs, only, lambda ref: RunDir(store / ref).has_summary())
+    # (with keep_going, a run it starts from may also have failed: the run is then refused, saying why)
+    settled = (lambda ref: RunDir(store / ref).has_summary() or RunDir(store / ref).failure() is not None) if keep_going else (lambda ref: RunDir(store / ref).has_summary())
+    chosen = select_runs(specs, only, settled)
     with hold(store, "store"):  # one process per store; a folder that is not a store is refused
         return _run_store(path, store, experiment, chosen, stop_after, say, restart, only, log, overrides, allow_large_delta, keep_going)
 

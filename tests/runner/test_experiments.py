@@ -469,6 +469,10 @@ def test_keep_going_marks_refused_runs_and_trains_the_others(tmp_path, capsys):
     assert (store / "sgd" / "summary.json").is_file()
     md = (store / "report" / "comparison.md").read_text()
     assert "Run too-big failed and is not compared: refused before training:" in md and "| sgd |" in md
+    # --only a run whose start failed: refused up front without --keep-going, settled with it
+    with pytest.raises(FedprivError, match="starts from run 'too-big'"):
+        run_experiment(tmp_path / "kg.toml", store, only=["after-too-big"])
+    assert run_experiment(tmp_path / "kg.toml", store, only=["after-too-big"], keep_going=True)[2]
 
 
 def test_keep_going_still_stops_at_an_error_in_the_data_itself(tmp_path):
