@@ -6,7 +6,9 @@
 # arxiv-dp report (docs/private_comparison.md) lost five runs to GPU memory with chunks of 256 in 20 processes.
 #   EXP=experiments/arxiv-dp.toml SEEDS="0 1" BUDGET=3600 OUT=runs/arxiv-dp-logs W=/tmp/grid bash experiments/parallel_grid.sh
 # BUDGET: seconds for the whole grid; a run still training then is killed (its store W/RUN keeps its last
-# checkpoint: `fedpriv run EXP --out W/RUN --only RUN` resumes it). W must not exist yet.
+# checkpoint: `fedpriv run EXP --out W/RUN --only RUN` resumes it, on the same machine). W must not exist yet.
+# JOBS: run-seed names to run instead of every RUNS x SEEDS (the committed H100 report ran
+#   JOBS="dp-sgd-user-s0 dp-sgd-user-s1 dp-fedavg-poisson-s0 dp-fedavg-poisson-s1 dp-fedavg-s0").
 set -u
 EXP=${EXP:-experiments/arxiv-dp.toml}
 SEEDS=${SEEDS:-"0 1"}
@@ -26,19 +28,16 @@ done
 wait
 echo "public runs done after $(( $(date +%s) - T0 )) s"
 for s in $SEEDS; do [ -f $W/public-s$s/public-s$s/summary.json ] || { echo "public-s$s failed:"; tail -5 $OUT/public-s$s.log; exit 4; }; done
-for s in $SEEDS; do
-  for r in $RUNS; do
-    st=$W/$r-s$s; cp -a $W/public-s$s $st; rm -f $st/.fedpriv.lock
-    timeout $(( $(left) - 60 )) $PY -m fedpriv.cli run $EXP --out $st --only $r-s$s --no-report $SETS > $OUT/$r-s$s.log 2>&1 &
-  done
+JOBS=${JOBS:-$(for s in $SEEDS; do for r in $RUNS; do echo -n "$r-s$s "; done; done)}   # or name run-seed jobs: JOBS="dp-sgd-user-s0 dp-fedavg-s1"
+for j in $JOBS; do
+  s=${j##*-s}; st=$W/$j; cp -a $W/public-s$s $st; rm -f $st/.fedpriv.lock
+  timeout $(( $(left) - 60 )) $PY -m fedpriv.cli run $EXP --out $st --only $j --no-report $SETS > $OUT/$j.log 2>&1 &
 done
 wait
 echo "runs ended after $(( $(date +%s) - T0 )) s"
 S=$W/store; cp -a $W/public-s${SEEDS%% *} $S; rm -f $S/.fedpriv.lock
-for s in $SEEDS; do
-  [ -d $S/public-s$s ] || cp -a $W/public-s$s/public-s$s $S/
-  for r in $RUNS; do cp -a $W/$r-s$s/$r-s$s $S/ 2>/dev/null; done
-done
+for s in $SEEDS; do [ -d $S/public-s$s ] || cp -a $W/public-s$s/public-s$s $S/; done
+for j in $JOBS; do cp -a $W/$j/$j $S/ 2>/dev/null; done
 find $S -name .fedpriv.lock -delete
 fp report $S > $OUT/report.log 2>&1; echo "report rc=$?"
 cp -a $S/report $OUT/report 2>/dev/null; cp $S/experiment.json $OUT/ 2>/dev/null
