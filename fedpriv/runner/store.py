@@ -112,7 +112,7 @@ def run_experiment(
     ``keep_going``: a run refused before it trains (its data too small for its batch or cohort, a
     run it starts from refused or failed, ...) is marked failed with the reason (``failed.json``:
     left out of the report, which names it) and the other runs go on; a run that had trained is
-    left to resume, not marked. An error in reading or preparing the data stops the grid even so
+    left to resume, not marked (the grid then ends incomplete, as after a kill). An error in reading or preparing the data stops the grid even so
     (every run that reads that data would fail alike).
     Returns (store, summaries of the finished runs, whether every run finished or failed:
     :func:`failures` names the failed ones)."""
@@ -213,6 +213,7 @@ def _run_store(path: str | os.PathLike[str], store: Path, experiment: Any, chose
     summaries: list[dict[str, Any]] = []
     t_all = time.perf_counter()
     trained = 0
+    left_to_resume = False  # a run stopped by an error after it trained (--keep-going): not complete
     for i, spec in enumerate(specs):
         run = RunDir(store / spec.name)
         tag = f"[run {i + 1}/{len(specs)} {spec.name}]"
@@ -238,6 +239,7 @@ def _run_store(path: str | os.PathLike[str], store: Path, experiment: Any, chose
                     raise
                 if run.has_params() or run.has(CHECKPOINT):  # it trained: keep what it has for a resume, do not mark it
                     say(f"{tag} stopped by an error, left to resume ({e}); --keep-going: the other runs go on")
+                    left_to_resume = True
                     continue
                 run.write_failure(f"refused before training: {e}", 0, None)
                 say(f"{tag} refused before training ({e}); --keep-going: the other runs go on")
@@ -253,6 +255,8 @@ def _run_store(path: str | os.PathLike[str], store: Path, experiment: Any, chose
             if left:
                 per_run = (time.perf_counter() - t_all) / trained
                 say(f"{tag} done; {left} run(s) left, about {per_run * left / 60:.1f} min at this pace")
+    if left_to_resume:
+        return store, summaries, False
     if only is not None and not all(RunDir(store / r["name"]).has_summary() for r in record["runs"]):
         if measures:
             say("the [[measure]] entries wait until every run of the experiment is finished")

@@ -482,3 +482,22 @@ def test_keep_going_still_stops_at_an_error_in_the_data_itself(tmp_path):
     with pytest.raises(FedprivError, match="missing column 'text'"):
         run_experiment(tmp_path / "kg.toml", tmp_path / "store", keep_going=True)
     assert not list((tmp_path / "store").glob("*/failed.json"))
+
+
+@pytest.mark.slow
+def test_keep_going_leaves_a_run_that_trained_to_resume(tmp_path):
+    """A run refused after it trained (here its data shrank under its cohort between a kill and the
+    resume) keeps its checkpoint, is not marked failed, and the grid ends incomplete."""
+    def write(users):
+        rows = [json.dumps({"who": f"u{u}", "text": f"word{k} alpha beta gamma delta {u % 7} end"}) for u in range(users) for k in range(6)]
+        (tmp_path / "d.jsonl").write_text("\n".join(rows) + "\n")
+
+    write(30)
+    (tmp_path / "e.toml").write_text(f'name = "kgr"\n[data]\nsource = "{tmp_path / "d.jsonl"}"\noptions = {{ user_column = "who", text_column = "text" }}\n'
+                                     'heldout_fraction = 0.1\n[vocab]\nsize = 30\nseq_len = 6\n[task]\nkind = "nwp"\nmodel = "tiny"\n'
+                                     '[federated]\nrounds = 3\nclients_per_round = 10\nlocal_batch_size = 2\nmax_local_steps = 1\ncheckpoint_every = 1\n'
+                                     '[audit]\nrs_candidates = 20\nextraction_examples = 0\n[[runs]]\nname = "fed"\nkind = "federated"\n')
+    assert run_experiment(tmp_path / "e.toml", tmp_path / "s", stop_after=1)[2] is False
+    write(8)
+    assert run_experiment(tmp_path / "e.toml", tmp_path / "s", keep_going=True)[2] is False
+    assert (tmp_path / "s" / "fed" / "checkpoint.json").is_file() and not (tmp_path / "s" / "fed" / "failed.json").exists()
