@@ -240,3 +240,13 @@ def test_replaying_the_draws_rebuilds_the_noise_state_bit_for_bit(strategy):
     assert any(np.any(np.asarray(x) != 0) for x in jax.tree.leaves(state))
     shuffled = replay(keys[::-1])
     assert not all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(shuffled), jax.tree.leaves(state)))
+
+
+def test_the_replay_docstring_example_runs():
+    """``replay_noise_state``'s ``>>>`` example (pytest does not collect doctests)."""
+    import doctest
+
+    import fedpriv.privacy.aggregate as aggregate
+
+    result = doctest.testmod(aggregate, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
