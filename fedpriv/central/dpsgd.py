@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -223,7 +224,7 @@ class DPSGDStepper(CentralStepper):
         """The state without ``noise`` when :attr:`replays_noise` (C^-1's state is the noise itself)."""
         return {k: v for k, v in state.items() if k != "noise"} if self.replays_noise else state
 
-    def restore_state(self, stored: dict, done: int, log) -> dict:  # noqa: ANN001
+    def restore_state(self, stored: dict, done: int, log: Callable[[str], None]) -> dict:
         """With :attr:`replays_noise`, ``noise`` rebuilt from the secret key: Z_0..Z_{done-1} replayed
         through C^-1 (``done`` model-sized draws), bit for bit the state an unbroken run holds."""
         if not self.replays_noise:
