@@ -389,12 +389,6 @@ def _check_mechanism(m: Any) -> None:
         raise ValueError("mechanism = 'banded-mf' needs bands (the number of bands of the strategy matrix; 1 = DP-SGD's noise)")
     if m.epsilon_budget is not None:
         raise ValueError(f"epsilon_budget is not supported with mechanism = {m.mechanism!r} (its epsilon is that of the planned schedule); use target_epsilon")
-    if m.secure_noise:  # the streaming state C^-1 keeps (the last bands, BLT's running sums) is the noise itself
-        raise ValueError(
-            f"secure_noise is not supported with mechanism = {m.mechanism!r}: every checkpoint holds the correlated-noise state "
-            "(the last noise draws, or running sums of all of them), from which the noise can be subtracted out of the released "
-            "model; use mechanism = 'gaussian' for a model that is released"
-        )
 
 
 class PrivacyConfig(_Strict):

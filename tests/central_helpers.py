@@ -30,9 +30,10 @@ def tcfg(**kw) -> TrainingConfig:
     return TrainingConfig(**base)
 
 
-def run(task, arrays, counts, tmp_path, name, dp, cfg, **kw):
-    """DP-SGD with ``dp`` trained by the central loop into ``tmp_path / name``: (result, stepper)."""
-    stepper = DPSGDStepper(task, arrays, cfg, dp, 0, optax.sgd(cfg.learning_rate), cfg.steps, user_counts=counts)
+def run(task, arrays, counts, tmp_path, name, dp, cfg, noise=None, **kw):
+    """DP-SGD with ``dp`` trained by the central loop into ``tmp_path / name``: (result, stepper).
+    ``noise``: a :class:`~fedpriv.privacy.streams.NoiseSeed` (default: the seed 0, a simulation)."""
+    stepper = DPSGDStepper(task, arrays, cfg, dp, 0, optax.sgd(cfg.learning_rate), cfg.steps, user_counts=counts, noise=noise)
     return train_central(task, arrays, counts, cfg, 0, tmp_path / name, stepper=stepper, **kw), stepper
 
 

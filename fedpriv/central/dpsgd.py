@@ -31,7 +31,8 @@ the same (epsilon, delta) for the same unit.
 :mod:`fedpriv.privacy.correlated`): the units (examples, or users) are split into b = N // B
 fixed groups and step t takes group t mod b (no sampling); the noise of step t is row t of
 C^-1 Z, Z_t drawn from the ``correlated_noise`` stream at step t, C^-1's state kept in the
-checkpointed state (``noise``); the ledger accounts the run as one Gaussian mechanism. With
+state (``noise``: checkpointed in a simulation; with ``--secure-noise`` left out of checkpoints and
+rebuilt on resume by replaying the draws); the ledger accounts the run as one Gaussian mechanism. With
 ``privacy.sampling = "cyclic-poisson"`` (banded MF only) the units are drawn once into
 ``privacy.groups`` b groups and step t Poisson-samples group t mod b (B expected, the denominator
 B; :class:`~fedpriv.privacy.amplified.CyclicPoissonSchedule`, for users jax-privacy's
@@ -42,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -55,7 +57,7 @@ from fedpriv.config import PrivacyConfig, TrainingConfig, amplified_groups
 from fedpriv.errors import FedprivError, PrivacyParameterError
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
-from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, correlated_noise_and_normalize, init_noise_state, noise_and_normalize
+from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, correlated_noise_and_normalize, init_noise_state, noise_and_normalize, replay_noise_state
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
 from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
@@ -206,11 +208,38 @@ class DPSGDStepper(CentralStepper):
     # ---- the Stepper interface ---------------------------------------------------------------------
     def init_state(self, params) -> dict:  # noqa: ANN001
         """Parameters and optimizer state; with correlated noise also C^-1's bands or buffers
-        (``noise``, checkpointed with the rest, so a resumed run draws the same noise)."""
+        (``noise``: checkpointed with the rest in a simulation, rebuilt on resume under secure noise,
+        so a resumed run draws the same noise either way)."""
         state = super().init_state(params)
         if self.correlated:
             state["noise"] = init_noise_state(self.noising_matrix, params)
         return state
+
+    @property
+    def replays_noise(self) -> bool:
+        """A secure correlated-noise run: its checkpoints hold no noise state, a resume replays the draws."""
+        return self.correlated and self.noise.secure
+
+    def checkpoint_state(self, state: dict) -> dict:
+        """The state without ``noise`` when :attr:`replays_noise` (C^-1's state is the noise itself)."""
+        return {k: v for k, v in state.items() if k != "noise"} if self.replays_noise else state
+
+    def restore_state(self, stored: dict, done: int, log: Callable[[str], None]) -> dict:
+        """With :attr:`replays_noise`, ``noise`` rebuilt from the secret key: Z_0..Z_{done-1} replayed
+        through C^-1 (``done`` model-sized draws), bit for bit the state an unbroken run holds."""
+        if not self.replays_noise:
+            return stored
+        log(f"rebuilding the correlated noise state: replaying {done} draws")
+        state = {**stored, "noise": init_noise_state(self.noising_matrix, stored["params"])}
+        if self._sharding is not None:
+            state = jax.device_put(state, self._sharding[1])
+        zero = jax.tree.map(jnp.zeros_like, state["params"])  # the accumulator a step starts from
+
+        def noise_step(noise, key):  # the training step's own compiled update; only its noise state is kept
+            return self._apply({**state, "noise": noise}, zero, key)[0]["noise"]
+
+        keys = (jax.random.fold_in(self.correlated_key, t) for t in range(done))
+        return {**state, "noise": replay_noise_state(noise_step, state["noise"], keys)}
 
     def sample(self, step: int) -> np.ndarray:
         """Record indices of step ``step``'s logical batch (deterministic by seed and step): (units,)

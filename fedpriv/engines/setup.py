@@ -202,6 +202,12 @@ class RoundStepper(Stepper):
     def init_state(self, params: Params) -> dict:
         return self.setup.core.init_state(params)
 
+    def checkpoint_state(self, state: dict) -> dict:
+        return self.setup.core.checkpoint_state(state)
+
+    def restore_state(self, stored: dict, done: int, log: Callable[[str], None]) -> dict:
+        return self.setup.core.restore_state(stored, done, log)
+
     def step(self, state: dict, index: int) -> tuple[dict, dict[str, Any]]:
         t0 = time.perf_counter()
         state, info = self.engine.round(index + 1, state)

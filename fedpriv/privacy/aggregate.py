@@ -26,6 +26,7 @@ and must run before training. The statistics in :class:`AggregateInfo` other tha
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 import jax
@@ -179,6 +180,35 @@ def init_noise_state(noising_matrix, like: PyTree) -> PyTree:
     C^-1) for sums shaped like ``like`` (e.g. the parameters): its bands or buffers, zeros."""
     zeros = jax.tree_util.tree_map(lambda x: jnp.zeros(jnp.shape(x), _float_dtype(jnp.result_type(x))), like)
     return noising_matrix.init_multiply(zeros)
+
+
+def replay_noise_state(noise_step: Callable[[PyTree, jax.Array], PyTree], noise_state: PyTree, keys: Iterable[jax.Array]) -> PyTree:
+    """C^-1's state after the draws of ``keys`` (Z_1..Z_t, in order), rebuilt instead of stored:
+    what a run whose checkpoints must not hold its noise (``--secure-noise``) does on resume.
+
+    ``noise_step(noise_state, key)`` is the next state of the run's own compiled noising step
+    (:func:`correlated_noise_and_normalize` inside DP-SGD's update or DP-FedAvg's aggregation) on a
+    zero clipped sum: the state depends on the draws only, never on the sums, and the same compiled
+    program gives the same floats, so the state is bit for bit an unbroken run's. (C^-1 compiled on
+    its own differed from the training step's in the last bit of a BLT buffer: XLA fuses it with
+    the rest of the step.) Cost: t model-sized Gaussian draws and t noising steps.
+
+    >>> import jax, jax.numpy as jnp
+    >>> from fedpriv.privacy.correlated import make_strategy
+    >>> m = make_strategy("blt", buffers=2).noising_matrix()
+    >>> train_step = jax.jit(lambda sums, k, s: correlated_noise_and_normalize(sums, k, 1.0, 2.0, 10.0, m, s))
+    >>> keys = [jax.random.fold_in(jax.random.key(0), t) for t in range(4)]
+    >>> zero = {"w": jnp.zeros(3)}
+    >>> state = init_noise_state(m, zero)
+    >>> for k in keys:  # training: the clipped sums do not enter the state
+    ...     _, state = train_step({"w": jnp.arange(3.0)}, k, state)
+    >>> rebuilt = replay_noise_state(lambda s, k: train_step(zero, k, s)[1], init_noise_state(m, zero), keys)
+    >>> bool(jnp.array_equal(rebuilt["w"], state["w"]))
+    True
+    """
+    for key in keys:
+        noise_state = noise_step(noise_state, key)
+    return noise_state
 
 
 def correlated_noise_and_normalize(clipped_sum_tree: PyTree, key: jax.Array, clip_norm, noise_multiplier, denominator, noising_matrix, noise_state: PyTree) -> tuple[PyTree, PyTree]:

@@ -146,11 +146,13 @@ _check_registry()
 
 #: Appended to every guarantee of a training run whose noise is reproducible from its seed.
 SIMULATION_NOTE = "simulation: the noise is reproducible from the run's seed; a released model needs --secure-noise"
-#: Appended instead under a correlated-noise mechanism (banded-mf, blt), which refuses --secure-noise:
-#: its checkpointed streaming state is the noise itself (docs/correlated_noise.md).
-CORRELATED_SIMULATION_NOTE = ("simulation: the noise is reproducible from the run's seed; --secure-noise is not available with "
-                              "correlated noise (the checkpointed noise state would reveal the noise), so this mechanism is not for a released model")
-#: Appended to the guarantee of a --secure-noise run.
+#: Appended instead under a correlated-noise mechanism (banded-mf, blt) without --secure-noise: besides
+#: the seed, every checkpoint holds C^-1's streaming state, which is the noise itself (BLT's first
+#: buffer is the running sum of all draws); --secure-noise leaves it out and replays the draws on
+#: resume (docs/correlated_noise.md).
+CORRELATED_SIMULATION_NOTE = ("simulation: the noise is reproducible from the run's seed, and every checkpoint holds the correlated "
+                              "noise state (the noise itself); a released model needs --secure-noise, whose checkpoints hold no noise state")
+#: Appended to the guarantee of a --secure-noise run (correlated noise included: its checkpoints hold no noise state).
 SECURE_NOTE = "secure noise: every noise and sampling draw comes from a secret key that is not stored"
 
 

@@ -17,7 +17,9 @@ event per round, stops at the epsilon budget and reports the guarantee.
 Correlated noise (``federated.dp.mechanism = "banded-mf"`` or ``"blt"``): the cohort of round r is
 the fixed group r mod b of a :class:`~fedpriv.privacy.correlated.CyclicSchedule` (b = N // m
 groups of m users), the noise is row r of C^-1 Z (Z_r from the ``correlated_noise`` stream), C^-1's
-state is the server state's ``noise``, and the run is accounted as one Gaussian mechanism.
+state is the server state's ``noise`` (checkpointed in a simulation; with ``secure_noise`` left out
+of checkpoints and rebuilt on resume by replaying Z_1..Z_r), and the run is accounted as one
+Gaussian mechanism.
 With ``sampling = "cyclic-poisson"`` (banded MF only) the cohort of round r is Poisson-sampled
 from group r mod b of a :class:`~fedpriv.privacy.amplified.CyclicPoissonSchedule` (b =
 ``dp.groups``, m expected; the denominator stays m) and the run is accounted as amplified banded MF.
@@ -34,6 +36,7 @@ import optax
 from fedpriv.config import FederatedConfig, amplified_groups
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
+from fedpriv.privacy.aggregate import replay_noise_state
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
 from fedpriv.privacy.streams import CORRELATED_NOISE, DP_FEDAVG, NoiseSeed, stream_key
@@ -127,6 +130,30 @@ class ServerCore:
         if self.correlated:
             state["noise"] = self.aggregator.init_noise(params)
         return state
+
+    @property
+    def replays_noise(self) -> bool:
+        """Secure correlated noise: checkpoints hold no noise state, a resume replays the draws."""
+        return self.correlated and self.noise.secure
+
+    def checkpoint_state(self, state: dict) -> dict:
+        """The state without ``noise`` when :attr:`replays_noise` (C^-1's state is the noise itself)."""
+        return {k: v for k, v in state.items() if k != "noise"} if self.replays_noise else state
+
+    def restore_state(self, stored: dict, done: int, log: Callable[[str], None]) -> dict:
+        """With :attr:`replays_noise`, ``noise`` rebuilt from the secret key: Z_1..Z_done of rounds
+        1..done replayed through C^-1 (``done`` model-sized draws; S is fixed: no adaptive
+        clipping with correlated noise), bit for bit the state an unbroken run holds."""
+        if not self.replays_noise:
+            return stored
+        log(f"rebuilding the correlated noise state: replaying {done} draws")
+        zero = self.accumulator(stored)  # an empty round: the aggregation's own compiled step, only its noise state kept
+
+        def noise_step(noise, key):
+            return self.aggregator.finish_correlated(stored["clip"], zero, key, noise)[2]
+
+        keys = (jax.random.fold_in(self.noise_base, r) for r in range(1, done + 1))
+        return {**stored, "noise": replay_noise_state(noise_step, self.aggregator.init_noise(stored["params"]), keys)}
 
     def current_clip(self, state: dict) -> float:
         """S of this round (inf for FedAvg, which clips nothing)."""

@@ -8,7 +8,9 @@ cannot drift apart:
   federated runs of one seed);
 * resume: the last checkpoint of the run directory is loaded (its kind must be the stepper's), the
   stepper restores what it keeps outside the state (the privacy ledger, checked against the
-  checkpoint), and ``metrics.jsonl`` is cut back to the checkpoint's step;
+  checkpoint) and what it keeps out of checkpoints (:meth:`Stepper.checkpoint_state`: a
+  ``--secure-noise`` correlated-noise run's noise state, rebuilt by :meth:`Stepper.restore_state`),
+  and ``metrics.jsonl`` is cut back to the checkpoint's step;
 * a train row every ``row_every`` steps (central: the loss averaged over the steps since the last
   row; federated: every round), an evaluation on every evaluation set every ``eval_every`` steps,
   and both at the end and when the stepper stops (e.g. one more step would exceed the epsilon
@@ -152,6 +154,16 @@ class Stepper:
         """The progress line after a train row (``since``: steps done in this call)."""
         return f"{self.unit} {done}/{self.total}"
 
+    def checkpoint_state(self, state: Any) -> Any:
+        """What a checkpoint holds of ``state`` (default: all of it; a secure correlated-noise run
+        leaves its noise state out)."""
+        return state
+
+    def restore_state(self, stored: Any, done: int, log: Callable[[str], None]) -> Any:
+        """The state after ``done`` steps from what :meth:`checkpoint_state` kept of it (default:
+        that, unchanged; a secure correlated-noise run rebuilds its noise state)."""
+        return stored
+
     def save(self, run: RunDir, done: int) -> None:
         """Persist what the stepper keeps outside the state (e.g. the privacy ledger)."""
 
@@ -248,9 +260,9 @@ def run_loop(
         raise FedprivError(f"{run.path}: this run failed ({failed['reason']}); {RESTART_HINT}")
     state = stepper.init_state(initial if initial is not None else task.init_params(init_key(seed)))
     start, pending, kept_stop = 0, [], None
-    resumed = run.load_checkpoint(state)
+    resumed = run.load_checkpoint(stepper.checkpoint_state(state))
     if resumed is not None:
-        state, meta = resumed
+        stored, meta = resumed
         if meta.get("kind", "central") != stepper.kind:
             raise FedprivError(f"{run.path} holds a checkpoint of a {meta.get('kind', 'central')} run, not a {stepper.kind} one; {RESTART_HINT}")
         config_meta = {**config_meta, "assets": run.asset_digests()}
@@ -260,6 +272,7 @@ def run_loop(
         pending = list(meta.get("pending", []))
         kept_stop = meta.get("stopped")
         stepper.resume(run, start)
+        state = stepper.restore_state(stored, start, log or (lambda _m: None))
         run.truncate_metrics(start)
     else:
         run.clear_metrics()
@@ -332,7 +345,7 @@ def run_loop(
             if done % stepper.checkpoint_every == 0 or end or halt:
                 check_finite("params")
                 ledger = stepper.ledger()
-                run.save_checkpoint(state, {"step": done, "kind": stepper.kind, "pending": pending, **({"stopped": stopped} if stopped else {}),
+                run.save_checkpoint(stepper.checkpoint_state(state), {"step": done, "kind": stepper.kind, "pending": pending, **({"stopped": stopped} if stopped else {}),
                                             **({"ledger": ledger_record(ledger)} if ledger is not None else {})})
                 stepper.save(run, done)
             progress.advance(done, f"loss {info['loss']:.3f}" if isinstance(info.get("loss"), float) else "")

@@ -1,28 +1,72 @@
 """DP-FedAvg with correlated noise (federated.dp.mechanism = blt): the cyclic cohorts, the
-guarantee, a bitwise resume after a kill, and the config's refusals."""
+guarantee, a bitwise resume after a kill (under secure_noise with no noise state in the
+checkpoints: replayed), and the config's refusals."""
 
 from __future__ import annotations
 
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from federated_helpers import train_cut_and_resume, write_config
+from flax import serialization
 
 from fedpriv.config import FederatedConfig, load_config
 from fedpriv.engines.setup import FederatedSetup
 from fedpriv.errors import ConfigError, PrivacyParameterError
+from fedpriv.privacy.streams import SECURE_NOTE
+from fedpriv.rundir import RunDir
 from fedpriv.runner.prepare import prepare
+from fedpriv.training.noise import SECRET_ENV
 
 BLT = 'strategy = "dp-fedavg"\nclip_norm = 0.3\ndp = { mechanism = "blt", buffers = 2, target_epsilon = 8.0, delta = 1e-3 }\nserver_optimizer = "momentum"'
+SECURE_BLT = BLT.replace("delta = 1e-3", "delta = 1e-3, secure_noise = true")
+SECRET = "00112233445566778899aabbccddeeff"
 
 
 @pytest.mark.slow
 def test_blt_dp_fedavg_trains_and_resumes_bitwise(tmp_path):
     cfg = write_config(tmp_path, extra=BLT)
     full = train_cut_and_resume(cfg, tmp_path)
+    assert checkpoint_entries(tmp_path / "cut") == {"params", "opt", "clip", "noise"}  # a simulation checkpoints its noise state, as before
     rows = [r for r in full.history if r["split"] == "train"]
     assert 7.99 < rows[-1]["epsilon"] <= 8.0 and rows[0]["epsilon"] < rows[-1]["epsilon"]
     assert all("user-level, zero-out-one user; BLT, 2 buffer(s)" in r["guarantee"] and "fixed groups of 6" in r["guarantee"] for r in rows)
+
+
+def checkpoint_entries(run_dir) -> set[str]:
+    """The top-level entries of a run directory's checkpoint state file."""
+    meta = RunDir(run_dir).checkpoint_meta()
+    return set(serialization.msgpack_restore((run_dir / meta["state_file"]).read_bytes()))
+
+
+@pytest.mark.slow
+def test_secure_blt_dp_fedavg_checkpoints_no_noise_state_and_resumes_bitwise_by_replay(tmp_path, monkeypatch):
+    """Under secure_noise the server checkpoint holds parameters, server optimizer and clip state
+    only; the resumed run (cut after round 1) rebuilds BLT's buffers by replaying Z_1 from the secret
+    and ends bit for bit where an unbroken run ends; the guarantee carries SECURE_NOTE."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    full = train_cut_and_resume(write_config(tmp_path, extra=SECURE_BLT), tmp_path)
+    assert checkpoint_entries(tmp_path / "full") == checkpoint_entries(tmp_path / "cut") == {"params", "opt", "clip"}
+    rows = [r for r in full.history if r["split"] == "train"]
+    assert all(r["guarantee"].endswith(SECURE_NOTE) for r in rows)
+
+
+def test_the_server_rebuilds_its_noise_state_from_the_secret_and_says_so(tmp_path, monkeypatch):
+    """ServerCore: a secure BLT state leaves ``noise`` out of its checkpoint, and the state rebuilt
+    after 3 rounds is the one the rounds left, bit for bit (a simulation's is kept unchanged)."""
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    core = FederatedSetup(prepare(write_config(tmp_path, extra=SECURE_BLT))).core
+    state = core.init_state({"w": jnp.linspace(-1.0, 1.0, 6)})
+    for r in (1, 2, 3):
+        state, _ = core.finish_round(state, r, core.accumulator(state))
+    stored = core.checkpoint_state(state)
+    assert set(stored) == {"params", "opt", "clip"}
+    said: list[str] = []
+    rebuilt = core.restore_state(stored, 3, said.append)
+    assert said == ["rebuilding the correlated noise state: replaying 3 draws"]
+    assert jnp.any(state["noise"]["w"] != 0) and bool(jnp.array_equal(rebuilt["noise"]["w"], state["noise"]["w"]))
+    assert not bool(jnp.array_equal(core.restore_state(stored, 2, said.append)["noise"]["w"], state["noise"]["w"]))
 
 
 def test_cohorts_are_the_cyclic_groups(tmp_path):

@@ -203,23 +203,50 @@ def test_blt_inverse_equals_jax_privacy_build_inverse():
 
 
 @pytest.mark.parametrize("mechanism", ["blt", "banded-mf"])
-def test_secure_noise_is_refused_with_a_correlated_mechanism(mechanism):
-    """The state a correlated mechanism checkpoints is the noise itself (BLT's first buffer is the running sum
-    of every draw; banded MF keeps the last draws verbatim), so with it a released model's noise could be
-    subtracted: a secret noise source promises nothing then, and is refused before any data is read."""
+def test_secure_noise_is_accepted_with_a_correlated_mechanism(mechanism):
+    """Its checkpoints hold no noise state (a resume replays the draws), so a secret noise source is
+    allowed with banded MF and BLT: in the config and on the command line, central and federated."""
     from fedpriv.config import validate_config
-    from fedpriv.errors import ConfigError
-    from fedpriv.training.noise import with_secure_noise
+    from fedpriv.training.noise import noise_seed, with_secure_noise
 
     keys = {"mechanism": mechanism, **({"bands": 2} if mechanism == "banded-mf" else {})}
     base = {"name": "s", "data": {"source": "shakespeare"}, "task": {"kind": "nwp", "model": "tiny"}}
     central = {**base, "privacy": {"clip_norm": 1.0, "noise_multiplier": 2.0, "delta": 1e-6, **keys}}
     fed = {**base, "federated": {"strategy": "dp-fedavg", "rounds": 2, "clients_per_round": 4, "clip_norm": 1.0,
                                  "dp": {"noise_multiplier": 2.0, "delta": 1e-6, **keys}}}
-    with pytest.raises(ConfigError, match="secure_noise is not supported with mechanism"):
-        validate_config({**central, "privacy": {**central["privacy"], "secure_noise": True}})
-    with pytest.raises(ConfigError, match="secure_noise is not supported with mechanism"):
-        validate_config({**fed, "federated": {**fed["federated"], "dp": {**fed["federated"]["dp"], "secure_noise": True}}})
-    for raw in (central, fed):  # `--secure-noise` on the command line: the same refusal
-        with pytest.raises(ConfigError, match="secure_noise is not supported with mechanism"):
-            with_secure_noise(validate_config(raw))
+    assert validate_config({**central, "privacy": {**central["privacy"], "secure_noise": True}}).privacy.secure_noise
+    assert validate_config({**fed, "federated": {**fed["federated"], "dp": {**fed["federated"]["dp"], "secure_noise": True}}}).federated.dp.secure_noise
+    for raw in (central, fed):  # `--secure-noise` on the command line
+        assert noise_seed(with_secure_noise(validate_config(raw))).secure
+
+
+@pytest.mark.parametrize("strategy", [make_strategy("banded-mf", 3), SMALL_BLT], ids=["banded-mf-3", "blt-2-buffers"])
+def test_replaying_the_draws_rebuilds_the_noise_state_bit_for_bit(strategy):
+    """The state C^-1 keeps depends on the draws Z_1..Z_t only (not on the clipped sums): replayed
+    through the same compiled step on zero sums, with the keys in order, it is the trained state bit
+    for bit; with the keys in another order it is not (the state is the noise)."""
+    from fedpriv.privacy.aggregate import replay_noise_state
+
+    matrix = strategy.noising_matrix()
+    step = jax.jit(lambda t, k, s: correlated_noise_and_normalize(t, k, 1.5, 0.7, 4.0, matrix, s))
+    zero = jax.tree.map(jnp.zeros_like, TREE)
+    keys = [jax.random.fold_in(jax.random.key(4), t) for t in range(6)]
+    state = init_noise_state(matrix, TREE)
+    for t, k in enumerate(keys):  # training: a different clipped sum at every step
+        _, state = step(jax.tree.map(lambda x: x * (t + 1), TREE), k, state)
+    replay = lambda ks: replay_noise_state(lambda s, k: step(zero, k, s)[1], init_noise_state(matrix, TREE), ks)  # noqa: E731
+    rebuilt = replay(keys)
+    assert all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(rebuilt), jax.tree.leaves(state)))
+    assert any(np.any(np.asarray(x) != 0) for x in jax.tree.leaves(state))
+    shuffled = replay(keys[::-1])
+    assert not all(np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(jax.tree.leaves(shuffled), jax.tree.leaves(state)))
+
+
+def test_the_replay_docstring_example_runs():
+    """``replay_noise_state``'s ``>>>`` example (pytest does not collect doctests)."""
+    import doctest
+
+    import fedpriv.privacy.aggregate as aggregate
+
+    result = doctest.testmod(aggregate, optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
