@@ -57,7 +57,7 @@ from fedpriv.config import PrivacyConfig, TrainingConfig, amplified_groups
 from fedpriv.errors import FedprivError, PrivacyParameterError
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
-from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, correlated_noise_and_normalize, init_noise_state, noise_and_normalize, replay_noise_state
+from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, correlated_noise_and_normalize, init_noise_state, noise_and_normalize, replay_noise_state, ReplayedNoiseCheckpoints
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
 from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
@@ -67,7 +67,7 @@ from fedpriv.tasks.base import Batch, Task
 from fedpriv.training.loop import gather
 
 
-class DPSGDStepper(CentralStepper):
+class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
     """One DP-SGD step per logical batch (see the module docstring)."""
 
     def __init__(
@@ -214,15 +214,6 @@ class DPSGDStepper(CentralStepper):
         if self.correlated:
             state["noise"] = init_noise_state(self.noising_matrix, params)
         return state
-
-    @property
-    def replays_noise(self) -> bool:
-        """A secure correlated-noise run: its checkpoints hold no noise state, a resume replays the draws."""
-        return self.correlated and self.noise.secure
-
-    def checkpoint_state(self, state: dict) -> dict:
-        """The state without ``noise`` when :attr:`replays_noise` (C^-1's state is the noise itself)."""
-        return {k: v for k, v in state.items() if k != "noise"} if self.replays_noise else state
 
     def restore_state(self, stored: dict, done: int, log: Callable[[str], None]) -> dict:
         """With :attr:`replays_noise`, ``noise`` rebuilt from the secret key: Z_0..Z_{done-1} replayed

@@ -182,6 +182,25 @@ def init_noise_state(noising_matrix, like: PyTree) -> PyTree:
     return noising_matrix.init_multiply(zeros)
 
 
+class ReplayedNoiseCheckpoints:
+    """What DP-SGD's stepper and DP-FedAvg's server share about checkpointing correlated noise: under
+    secure noise (``self.correlated`` and ``self.noise.secure``) a checkpoint leaves out the state's
+    ``noise`` entry (C^-1's bands or buffers are the noise itself) and a resume rebuilds it with
+    :func:`replay_noise_state` (each class's ``restore_state``)."""
+
+    correlated: bool
+    noise: Any
+
+    @property
+    def replays_noise(self) -> bool:
+        """A secure correlated-noise run: its checkpoints hold no noise state, a resume replays the draws."""
+        return self.correlated and self.noise.secure
+
+    def checkpoint_state(self, state: dict) -> dict:
+        """The state without ``noise`` when :attr:`replays_noise` (C^-1's state is the noise itself)."""
+        return {k: v for k, v in state.items() if k != "noise"} if self.replays_noise else state
+
+
 def replay_noise_state(noise_step: Callable[[PyTree, jax.Array], PyTree], noise_state: PyTree, keys: Iterable[jax.Array]) -> PyTree:
     """C^-1's state after the draws of ``keys`` (Z_1..Z_t, in order), rebuilt instead of stored:
     what a run whose checkpoints must not hold its noise (``--secure-noise``) does on resume.

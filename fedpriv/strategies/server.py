@@ -36,7 +36,7 @@ import optax
 from fedpriv.config import FederatedConfig, amplified_groups
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
-from fedpriv.privacy.aggregate import replay_noise_state
+from fedpriv.privacy.aggregate import ReplayedNoiseCheckpoints, replay_noise_state
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
 from fedpriv.privacy.streams import CORRELATED_NOISE, DP_FEDAVG, NoiseSeed, stream_key
@@ -67,7 +67,7 @@ def make_aggregator(fcfg: FederatedConfig, m: int, noise_multiplier: float, nois
     return AdaptiveClipping(noised, dp.target_unclipped_quantile, dp.clip_learning_rate, sigma_b)
 
 
-class ServerCore:
+class ServerCore(ReplayedNoiseCheckpoints):
     """Sampler, aggregator, server optimizer and DP budget of one experiment.
 
     The state (a pytree, checkpointed every round) is ``{"params", "opt", "clip"}``; ``clip`` is
@@ -130,15 +130,6 @@ class ServerCore:
         if self.correlated:
             state["noise"] = self.aggregator.init_noise(params)
         return state
-
-    @property
-    def replays_noise(self) -> bool:
-        """Secure correlated noise: checkpoints hold no noise state, a resume replays the draws."""
-        return self.correlated and self.noise.secure
-
-    def checkpoint_state(self, state: dict) -> dict:
-        """The state without ``noise`` when :attr:`replays_noise` (C^-1's state is the noise itself)."""
-        return {k: v for k, v in state.items() if k != "noise"} if self.replays_noise else state
 
     def restore_state(self, stored: dict, done: int, log: Callable[[str], None]) -> dict:
         """With :attr:`replays_noise`, ``noise`` rebuilt from the secret key: Z_1..Z_done of rounds
