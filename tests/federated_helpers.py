@@ -41,6 +41,9 @@ num_supernodes = 2
 
 DP = 'strategy = "dp-fedavg"\nclip_norm = 0.3\ndp = { noise_multiplier = 0.7, delta = 1e-3 }\nserver_optimizer = "momentum"'
 DP_ADAPTIVE = 'strategy = "dp-fedavg"\nclip_norm = 0.3\ndp = { noise_multiplier = 0.7, delta = 1e-3, adaptive_clip = true, clip_count_stddev = 1.0 }\nserver_optimizer = "momentum"'
+#: DP-FedAvg with BLT correlated noise on cyclic groups; SECURE_BLT draws its noise from a secret.
+BLT = 'strategy = "dp-fedavg"\nclip_norm = 0.3\ndp = { mechanism = "blt", buffers = 2, target_epsilon = 8.0, delta = 1e-3 }\nserver_optimizer = "momentum"'
+SECURE_BLT = BLT.replace("delta = 1e-3", "delta = 1e-3, secure_noise = true")
 
 
 def write_config(tmp_path: Path, file: str = "fed", chunk: int = 64, extra: str = "", flower: str = "") -> Path:

@@ -32,11 +32,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import functools
 import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 import dp_accounting
+import numpy as np
 from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 
@@ -239,10 +241,50 @@ def supports_pld(events: list[GaussianSteps]) -> bool:
     return all(e.sampling != "fixed" for e in events)
 
 
+@functools.lru_cache(maxsize=4096)
+def _rdp_of_event(event: dp_accounting.DpEvent, relation: dp_accounting.NeighboringRelation) -> np.ndarray:
+    """The RDP vector (at :data:`RDP_ORDERS`) of one event, from dp_accounting's RdpAccountant
+    (remembered: read-only; an RDP of sampling without replacement costs about 0.4 s of CPU)."""
+    acc = dp_rdp.RdpAccountant(RDP_ORDERS, relation)
+    acc.compose(event)
+    rdp = acc.rdp.copy()
+    rdp.flags.writeable = False
+    return rdp
+
+
+class ComposedRdp:
+    """The RDP accountant's answer for a composition, with each leaf event's RDP vector computed
+    once per process (:func:`_rdp_of_event`). It composes as dp_accounting's RdpAccountant does
+    (a self-composed event's RDP is its count times its event's, a composed event's the sum of its
+    parts', in the same order), so its epsilon and delta are dp_accounting's to the bit (tested);
+    an epsilon curve over step counts then costs one dp_accounting call per mechanism."""
+
+    def __init__(self, events: list[GaussianSteps], relation: dp_accounting.NeighboringRelation):
+        self.orders = np.array(RDP_ORDERS)
+        self.rdp = np.zeros_like(self.orders, dtype=np.float64)
+        for e in events:
+            self._add(e.dp_event(), 1, relation)
+
+    def _add(self, event: dp_accounting.DpEvent, count: int, relation: dp_accounting.NeighboringRelation) -> None:
+        if isinstance(event, dp_accounting.SelfComposedDpEvent):
+            self._add(event.event, event.count * count, relation)
+        elif isinstance(event, dp_accounting.ComposedDpEvent):
+            for part in event.events:
+                self._add(part, count, relation)
+        else:
+            self.rdp += count * _rdp_of_event(event, relation)
+
+    def get_epsilon_and_optimal_order(self, delta: float) -> tuple[float, float]:
+        return dp_rdp.rdp_privacy_accountant.compute_epsilon(self.orders, self.rdp, delta)
+
+    def get_delta_and_optimal_order(self, epsilon: float) -> tuple[float, float]:
+        return dp_rdp.rdp_privacy_accountant.compute_delta(self.orders, self.rdp, epsilon)
+
+
 def _accountant(events: list[GaussianSteps], which: AccountantName):
     relation = _relation_enum(common_relation(events))
     if which == "rdp":
-        acc = dp_rdp.RdpAccountant(RDP_ORDERS, relation)
+        return ComposedRdp(events, relation)
     elif which == "pld":
         _check(supports_pld(events), "the PLD accountant does not cover sampling without replacement (fixed-size batches; docs/privacy.md says why); use RDP")
         check_pld_cost(events)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from federated_helpers import train_cut_and_resume, write_config
+from federated_helpers import BLT, SECURE_BLT, train_cut_and_resume, write_config
 from flax import serialization
 
 from fedpriv.config import FederatedConfig, load_config
@@ -19,8 +19,6 @@ from fedpriv.rundir import RunDir
 from fedpriv.runner.prepare import prepare
 from fedpriv.training.noise import SECRET_ENV
 
-BLT = 'strategy = "dp-fedavg"\nclip_norm = 0.3\ndp = { mechanism = "blt", buffers = 2, target_epsilon = 8.0, delta = 1e-3 }\nserver_optimizer = "momentum"'
-SECURE_BLT = BLT.replace("delta = 1e-3", "delta = 1e-3, secure_noise = true")
 SECRET = "00112233445566778899aabbccddeeff"
 
 

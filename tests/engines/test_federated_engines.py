@@ -10,7 +10,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from federated_helpers import DP, DP_ADAPTIVE, leaves_max_diff, write_config
+from federated_helpers import DP, DP_ADAPTIVE, SECURE_BLT, leaves_max_diff, write_config
 
 from fedpriv.clients.data import ClientData, next_power_of_two
 from fedpriv.clients.update import client_key, make_client_update
@@ -22,6 +22,7 @@ from fedpriv.engines.vectorized import VectorizedEngine, run_vectorized
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.prepare import prepare
+from fedpriv.training.noise import SECRET_ENV
 
 
 # ---- client plans and the local update ----------------------------------------------------------
@@ -224,11 +225,13 @@ def test_record_level_privacy_section_is_refused_for_federated_runs(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
-    ["", DP, DP + "|users_per_message = 4", DP_ADAPTIVE + "|users_per_message = 4\nsum_on_client = true", "|users_per_message = 4\nsum_on_client = true"],
-    # 6 users: groups of 4 and 2 (padded); adaptive clipping moves S by the norms the ClientApps report
-    ids=["fedavg", "dp-fedavg", "dp-fedavg-4-users-per-message", "dp-fedavg-adaptive-summed-on-client", "fedavg-summed-on-client"],
+    ["", SECURE_BLT, DP + "|users_per_message = 4", DP_ADAPTIVE + "|users_per_message = 4\nsum_on_client = true", "|users_per_message = 4\nsum_on_client = true"],
+    # 6 users: groups of 4 and 2 (padded); adaptive clipping moves S by the norms the ClientApps report;
+    # BLT's correlated noise drawn from a secret (secure_noise) on the cyclic groups, one user per message
+    ids=["fedavg", "secure-blt-dp-fedavg", "dp-fedavg-4-users-per-message", "dp-fedavg-adaptive-summed-on-client", "fedavg-summed-on-client"],
 )
-def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra, flower_on_shared_ray):
+def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra, flower_on_shared_ray, monkeypatch):
+    monkeypatch.setenv(SECRET_ENV, "00112233445566778899aabbccddeeff")  # read by secure_noise only
     federated, _, flower = extra.partition("|")
     prepared = prepare(load_config(write_config(tmp_path, extra=federated, flower=flower)))
     vec = train_run(prepared, tmp_path / "vec", engine="vectorized")

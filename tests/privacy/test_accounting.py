@@ -258,3 +258,40 @@ def test_pld_calibration_checks_epsilon_pld_at_the_chosen_sigma(monkeypatch):
     monkeypatch.setattr(acc, "epsilon_for", pld_above_rdp)
     with pytest.raises(PrivacyParameterError, match="PLD epsilon .* at the RDP-calibrated noise multiplier .* is above the target 2.0"):
         calibrate_noise_multiplier(template, 2.0, 1e-5, "pld")
+
+
+def test_rdp_answers_are_dp_accountings_to_the_bit_and_remembered_per_event():
+    """fedpriv composes RDP from per-event vectors it remembers (accounting.ComposedRdp): its
+    epsilon, order and delta must be exactly those of dp_accounting's RdpAccountant composing the
+    same events (self-composed counts, a composition of different runs, both relations), and a
+    second step count must not ask dp_accounting again."""
+    from fedpriv.privacy import accounting
+    from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
+    from fedpriv.privacy.correlated import make_strategy
+
+    cases = [
+        [GaussianSteps("poisson", 1.1, 60_000, 256, 2_000)],
+        [GaussianSteps("fixed", 0.9, 5_000, 100, 37, unit="user")],
+        [GaussianSteps("none", 40.0, 300, 300, 12)],
+        [GaussianSteps("poisson", 1.1, 60_000, 256, 500), GaussianSteps("poisson", 0.7, 60_000, 512, 30)],
+        [AmplifiedBandMF.of(make_strategy("banded-mf", 3), 0.9, CyclicPoissonSchedule(5003, 50, 4, 30, 0, "user"))],
+    ]
+    for events in cases:
+        relation = accounting._relation_enum(events[0].relation)
+        direct = dp_rdp.RdpAccountant(RDP_ORDERS, relation)
+        for e in events:
+            direct.compose(e.dp_event())
+        for delta in (1e-5, 1e-8):
+            got = epsilon_for(events, delta, "rdp")
+            eps, order = direct.get_epsilon_and_optimal_order(delta)
+            assert (got.epsilon, got.rdp_order) == (float(eps), float(order)), events
+        d, order = direct.get_delta_and_optimal_order(3.0)
+        got = delta_for(events, 3.0, "rdp")
+        assert (got.delta, got.rdp_order) == (float(d), float(order)), events
+    accounting._rdp_of_event.cache_clear()
+    fixed = GaussianSteps("fixed", 1.3, 5_000, 100, 10, unit="user")
+    epsilon_for(fixed, 1e-6)
+    misses = accounting._rdp_of_event.cache_info().misses
+    for steps in (11, 200, 3_000):
+        epsilon_for(fixed.with_steps(steps), 1e-6)
+    assert accounting._rdp_of_event.cache_info().misses == misses
