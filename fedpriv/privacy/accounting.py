@@ -272,7 +272,11 @@ class ComposedRdp:
             for part in event.events:
                 self._add(part, count, relation)
         else:
-            self.rdp += count * _rdp_of_event(event, relation)
+            try:
+                rdp = _rdp_of_event(event, relation)
+            except TypeError:  # an event with a list field is unhashable: computed, not remembered
+                rdp = _rdp_of_event.__wrapped__(event, relation)
+            self.rdp += count * rdp
 
     def get_epsilon_and_optimal_order(self, delta: float) -> tuple[float, float]:
         return dp_rdp.rdp_privacy_accountant.compute_epsilon(self.orders, self.rdp, delta)

@@ -295,3 +295,11 @@ def test_rdp_answers_are_dp_accountings_to_the_bit_and_remembered_per_event():
     for steps in (11, 200, 3_000):
         epsilon_for(fixed.with_steps(steps), 1e-6)
     assert accounting._rdp_of_event.cache_info().misses == misses
+
+    class Tree:  # a leaf event with a list field (unhashable): computed each time, not remembered
+        def dp_event(self):
+            return dp_accounting.SelfComposedDpEvent(dp_accounting.SingleEpochTreeAggregationDpEvent(2.0, [5, 5]), 3)
+
+    special = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
+    direct = dp_rdp.RdpAccountant(RDP_ORDERS, special).compose(Tree().dp_event())
+    assert (accounting.ComposedRdp([Tree()], special).rdp == direct.rdp).all()
