@@ -120,7 +120,7 @@ LOST = "round 1: every one of the 6 client updates failed (no reply before feder
 
 @pytest.mark.skipif(not FLWR.exists(), reason="flwr CLI not installed next to this python")
 def test_a_run_that_loses_every_supernode_exits_0_from_flwr_run_and_2_from_fedpriv_flwr_run(tmp_path):
-    """Flower 1.41's `flwr run --stream` exits 0 whatever the run ended with (flwr/cli/run/run.py,
+    """Flower 1.41's and 1.42's `flwr run --stream` exits 0 whatever the run ended with (flwr/cli/run/run.py,
     flwr/cli/log.py); the run itself is finished:failed with the ServerApp's error. `fedpriv
     flwr-run` (the same `flwr run`, then `flwr list --run-id`) exits 2 with one line naming it."""
     config = tmp_path / "lost.toml"

@@ -13,7 +13,7 @@ its own process group (so a SuperNode is killed together with the ClientApp proc
 spawned) and a log file. :meth:`LocalDeployment.stop` ends them all; the class is a context
 manager so they end on errors too.
 
-Flower 1.41 runs the SuperLink's Fleet, Control and runtime APIs on one HTTP port (``--port``);
+Flower 1.41 and 1.42 run the SuperLink's Fleet, Control and runtime APIs on one HTTP port (``--port``);
 each SuperNode has a runtime API port of its own (``--port``), where its ClientApp processes
 connect. A SuperNode pulls one message at a time and starts one ``flwr-clientapp`` process for
 it, so every message pays for importing JAX and loading the corpus (seconds); the processes share
@@ -151,7 +151,7 @@ class LocalDeployment:
             time.sleep(0.2)
         for i in range(self.num_supernodes):
             self.supernodes.append(self.start_supernode(i))
-        # The CLI's connection: $FLWR_HOME/config.toml (Flower 1.41 keeps connections there).
+        # The CLI's connection: $FLWR_HOME/config.toml (Flower 1.41 and 1.42 keep connections there).
         self.cli_home.mkdir(parents=True, exist_ok=True)
         (self.cli_home / "config.toml").write_text(f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n')
         self.log(f"SuperLink on 127.0.0.1:{self.port}, {self.num_supernodes} SuperNodes; logs in {self.workdir}")

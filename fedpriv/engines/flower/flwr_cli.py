@@ -1,6 +1,6 @@
 """``fedpriv flwr-run``: ``flwr run APP [CONNECTION] --stream`` whose exit code is the run's outcome.
 
-Flower 1.41's ``flwr run --stream`` exits 0 whenever it could submit the run and stream its log
+Flower 1.41's and 1.42's ``flwr run --stream`` exits 0 whenever it could submit the run and stream its log
 to the end, whatever the run ended with: ``_run_with_control_api`` (``flwr/cli/run/run.py``)
 returns after ``start_stream``, which treats the end of the stream as success
 (``flwr/cli/log.py``: ``AllLogsRetrieved`` is swallowed), and the SuperLink ends the stream as
