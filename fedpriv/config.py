@@ -342,6 +342,7 @@ class TrainingConfig(_Strict):
 
 
 _MECHANISM_DOC = "gaussian: i.i.d. noise each step (DP-SGD / DP-FedAvg); banded-mf or blt: correlated noise (matrix factorization, docs/correlated_noise.md) on a cyclic schedule, or banded-mf with cyclic Poisson sampling"
+_COEFFICIENTS_DOC = "banded-mf / blt: fixed (the default: banded MF's optimal max-error Toeplitz bands, BLT's rational approximation) or optimized (jax-privacy's optimizer for this run's steps and participation, minimizing the mean squared prefix-sum error; computed once before training, stored in the run's strategy.json, reused on resume)"
 _GROUPS_DOC = "sampling = cyclic-poisson (amplified banded MF): b, the groups the units are drawn into once (each takes part only in steps t = its group mod b, so at least b steps apart); at least bands (default: bands)"
 
 
@@ -377,7 +378,7 @@ def _check_mechanism(m: Any) -> None:
     participation they must keep."""
     extra = {"bands": m.bands, "buffers": m.buffers, "max_participations": m.max_participations, "min_separation": m.min_separation, "groups": m.groups}
     if m.mechanism == "gaussian":
-        given = [k for k, v in extra.items() if v is not None]
+        given = [k for k, v in extra.items() if v is not None] + (["coefficients"] if m.coefficients != "fixed" else [])
         if given:
             raise ValueError(f"{given[0]} applies to mechanism = 'banded-mf' or 'blt' (correlated noise), not 'gaussian'")
         return
@@ -412,6 +413,7 @@ class PrivacyConfig(_Strict):
     max_participations: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a unit takes part more than this many times (k)")
     min_separation: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a unit takes part again within fewer steps (b)")
     groups: int | None = Field(None, ge=1, description=_GROUPS_DOC)
+    coefficients: Literal["fixed", "optimized"] = Field("fixed", description=_COEFFICIENTS_DOC)
     accountant: Literal["rdp", "pld"] = "rdp"
     private: bool = Field(True, description="false: clipping without noise, a control that claims no privacy (needs noise_multiplier = 0; no epsilon is reported)")
     secure_noise: bool = Field(False, description="draw the DP noise and the sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
@@ -467,6 +469,7 @@ class FederatedDPConfig(_Strict):
     max_participations: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a user takes part more than this many times (k)")
     min_separation: int | None = Field(None, ge=1, description="banded-mf / blt: refuse a schedule in which a user takes part again within fewer rounds (b)")
     groups: int | None = Field(None, ge=1, description=_GROUPS_DOC)
+    coefficients: Literal["fixed", "optimized"] = Field("fixed", description=_COEFFICIENTS_DOC)
     accountant: Literal["rdp", "pld"] = "rdp"
     adaptive_clip: bool = Field(False, description="adapt S to a quantile of the delta norms (Andrew et al. 2021)")
     target_unclipped_quantile: float = Field(0.5, ge=0.0, le=1.0)

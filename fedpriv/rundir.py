@@ -14,6 +14,9 @@ pipeline that made them::
     params-<step>.msgpack  parameters saved at an evaluation along training (audit.along)
     audit-<step>.json      the audit of those parameters
     privacy_ledger.json    the DP events recorded so far (:class:`fedpriv.privacy.ledger.PrivacyLedger`)
+    strategy.json          an optimized correlated-noise strategy (``coefficients = "optimized"``): what it was
+                           optimized for and its coefficients, written before the first step and
+                           read back on resume (:mod:`fedpriv.privacy.optimized`)
     canaries.json          the planted canaries (:class:`fedpriv.memorization.canaries.Manifest`)
     audit_canaries.json    the empirical audit's canaries and which are members
     empirical.json         the empirical privacy audit: lower bounds on epsilon from those canaries
@@ -78,6 +81,7 @@ METRICS = "metrics.jsonl"
 CHECKPOINT = "checkpoint.json"
 PARAMS = "params.msgpack"
 LEDGER = "privacy_ledger.json"
+STRATEGY = "strategy.json"
 CANARIES = "canaries.json"
 EMPIRICAL_CANARIES = "audit_canaries.json"
 EMPIRICAL = "empirical.json"
@@ -108,7 +112,7 @@ STATE_FILE = re.compile(r"^checkpoint-[0-9]+\.msgpack$")
 SNAPSHOT_FILE = re.compile(r"^params-([0-9]+)\.msgpack$")
 ALONG_FILE = re.compile(r"^audit-[0-9]+\.json$")
 #: Files a fresh start (``--restart``) removes: what training and the store wrote, never anything else.
-RUN_FILES = (CONFIG, RUN_CONFIG, METRICS, CHECKPOINT, PARAMS, LEDGER, AUDIT_JSON, AUDIT_MD, EMPIRICAL, SUMMARY, FAILED)
+RUN_FILES = (CONFIG, RUN_CONFIG, METRICS, CHECKPOINT, PARAMS, LEDGER, STRATEGY, AUDIT_JSON, AUDIT_MD, EMPIRICAL, SUMMARY, FAILED)
 #: A run store's record of its experiment (every run's name, kind and resolved config).
 EXPERIMENT = "experiment.json"
 #: A run store's learning-rate trials (``tune/GROUP/<i>/``) and their records (``tune/GROUP.json``).

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -60,7 +61,8 @@ from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
 from fedpriv.privacy.aggregate import add_gaussian_noise, check_clip_norm, correlated_noise_and_normalize, init_noise_state, noise_and_normalize, replay_noise_state, ReplayedNoiseCheckpoints
 from fedpriv.privacy.budget import DPBudget
 from fedpriv.privacy.clipping import fast_clipped_sum, reference_clipped_sum, supports_fast
-from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
+from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule
+from fedpriv.privacy.optimized import strategy_for
 from fedpriv.privacy.streams import CORRELATED_NOISE, STEP, NoiseSeed, stream_key
 from fedpriv.rundir import LEDGER, RunDir
 from fedpriv.tasks.base import Batch, Task
@@ -82,8 +84,11 @@ class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
         log=None,  # noqa: ANN001
         user_counts: np.ndarray | None = None,
         noise: NoiseSeed | None = None,
+        strategy_file: str | os.PathLike[str] | None = None,
     ):
         # noise: where the DP noise and the sampling come from (default: the seed, a simulation).
+        # strategy_file: where an optimized correlated-noise strategy is stored (coefficients = "optimized";
+        # read back on resume, written when first optimized; None: optimized in this process only).
         self.noise = noise if noise is not None else NoiseSeed.simulation(seed)
         b_logical = cfg.batch_size
         self.correlated = dp.mechanism != "gaussian"
@@ -121,8 +126,6 @@ class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
         self.draws = shards * micro
         self.schedule: CyclicSchedule | CyclicPoissonSchedule | None = None
         if self.correlated:  # correlated noise: the cyclic schedule (or cyclic Poisson sampling) and the strategy C it is accounted for
-            self.strategy = make_strategy(dp.mechanism, dp.bands or 1, dp.buffers or 4)
-            self.noising_matrix = self.strategy.noising_matrix()
             if self.user_batches is not None:
                 self.schedule = self.user_batches.schedule
             elif groups is not None:
@@ -131,10 +134,14 @@ class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
                 self.schedule = CyclicSchedule(n, b_logical, total_steps, self.noise.entropy, "example")
             if isinstance(self.schedule, CyclicPoissonSchedule):
                 self.schedule.check("privacy", dp.bands, dp.max_participations, dp.min_separation)
+            else:
+                self.schedule.check("privacy", dp.max_participations, dp.min_separation)
+            self.strategy = strategy_for(dp.mechanism, dp.coefficients, dp.bands, dp.buffers, self.schedule, strategy_file, say)
+            self.noising_matrix = self.strategy.noising_matrix()
+            if isinstance(self.schedule, CyclicPoissonSchedule):
                 template = AmplifiedBandMF.of(self.strategy, 1.0, self.schedule)
                 how = f"{b_logical} {dp.unit}s expected per step, Poisson-sampled (q = {self.schedule.sampling_probability:.4g}) from group t mod b of {groups}"
             else:
-                self.schedule.check("privacy", dp.max_participations, dp.min_separation)
                 template = CorrelatedSteps.of(self.strategy, 1.0, self.schedule)
                 how = f"{self.schedule.groups} groups of {b_logical} {dp.unit}s, one per step"
             say(f"{self.strategy.describe()}: {how} (k = {self.schedule.max_participations}, b = {self.schedule.groups}); noise state: {self.strategy.memory} model-sized buffer(s)")

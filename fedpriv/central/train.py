@@ -12,7 +12,7 @@ from fedpriv.central.dpsgd import DPSGDStepper
 from fedpriv.central.sgd import CentralStepper, GradFn, SGDStepper, total_steps
 from fedpriv.config import TrainingConfig
 from fedpriv.errors import FedprivError
-from fedpriv.rundir import RunDir
+from fedpriv.rundir import STRATEGY, RunDir
 from fedpriv.tasks.base import Batch, Params, Task
 from fedpriv.training.coverage import coverage
 from fedpriv.training.loop import LoopResult, Target, run_loop
@@ -63,15 +63,17 @@ def train_central(
     return run_loop(stepper, task, RunDir(run_dir), seed, meta, eval_sets, cfg.eval_batch_size, stop_after, log, target, snapshots, initial)
 
 
-def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None) -> CentralStepper:
-    """The stepper of a prepared experiment: SGD, or DP-SGD with ``[privacy]``."""
+def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None, run_dir: str | os.PathLike[str] | None = None) -> CentralStepper:
+    """The stepper of a prepared experiment: SGD, or DP-SGD with ``[privacy]``. ``run_dir``: the
+    run directory an optimized correlated-noise strategy is stored in (and read back from)."""
     cfg = prepared.config
     train = prepared.train_arrays
     steps = total_steps(cfg.training, len(train["mask"]))
     tx = training_optimizer(cfg.training, steps)
     if cfg.privacy is None:
         return SGDStepper(prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, tx, steps)
-    stepper = DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts(), noise_seed(cfg))
+    stepper = DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts(), noise_seed(cfg),
+                           RunDir(run_dir).file(STRATEGY) if run_dir is not None else None)
     stepper.budget.coverage = coverage(cfg, prepared.task, cfg.privacy.unit, cfg.training.log_private_stats)
     return stepper
 
@@ -82,7 +84,7 @@ def train_prepared_central(prepared: Prepared, run_dir: str | os.PathLike[str], 
     train = prepared.train_arrays
     RunDir(run_dir).create()
     prepared.save_assets(run_dir)
-    stepper = central_stepper(prepared, log)
+    stepper = central_stepper(prepared, log, run_dir)
     noise = getattr(stepper, "noise", None)
     if noise is not None:
         check_secret_on_resume(run_dir, noise)

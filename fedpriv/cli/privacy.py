@@ -158,6 +158,7 @@ class _MF:
     min_separation: Optional[int] = None
     sampling: str = "cyclic"
     groups: Optional[int] = None
+    coefficients: str = "fixed"
 
     def options(self) -> dict[str, Optional[int]]:
         return {"--bands": self.bands, "--buffers": self.buffers, "--max-participations": self.max_participations, "--min-separation": self.min_separation,
@@ -169,9 +170,13 @@ def _correlated_event(event: Event, z: float, population: int, batch: Optional[f
     """The event of ``event``: DP-FedAvg's unit is the user; DP-SGD's is ``--unit`` (example, or user for user-level DP-SGD);
     ``--sampling cyclic-poisson``: amplified banded MF over ``--groups`` groups."""
     from fedpriv.privacy.amplified import CyclicPoissonSchedule
-    from fedpriv.privacy.correlated import CyclicSchedule, make_strategy
+    from fedpriv.privacy.correlated import CyclicSchedule
+    from fedpriv.privacy.optimized import COEFFICIENTS, strategy_for
 
     mechanism, default_unit = _CORRELATED_EVENTS[event]
+    if mf.coefficients not in COEFFICIENTS:
+        raise PrivacyParameterError(f"--coefficients: {' or '.join(COEFFICIENTS)}, got {mf.coefficients!r}")
+    say = lambda m: typer.echo(m, err=True)  # noqa: E731 (an optimization takes seconds: say so on stderr)
     if unit not in ("example", "user"):
         raise PrivacyParameterError(f"--unit: example or user, got {unit!r}")
     unit = unit if default_unit == "example" else "user"
@@ -190,19 +195,27 @@ def _correlated_event(event: Event, z: float, population: int, batch: Optional[f
             raise PrivacyParameterError(f"--sampling cyclic-poisson amplifies banded MF only: BLT has infinitely many bands, so amplification by sampling does not apply; use banded-mf-{event.value.split('-', 1)[1]} or --sampling cyclic")
         amplified = CyclicPoissonSchedule(population, int(batch), mf.groups or mf.bands, steps, 0, unit)
         amplified.check("--", mf.bands, mf.max_participations, mf.min_separation)
-        return AmplifiedBandMF.of(make_strategy(mechanism, mf.bands), z, amplified)
+        return AmplifiedBandMF.of(strategy_for(mechanism, mf.coefficients, mf.bands, None, amplified, None, say), z, amplified)
     if mf.groups is not None:
         raise PrivacyParameterError("--groups applies to --sampling cyclic-poisson (the cyclic schedule's groups are N // B)")
     schedule = CyclicSchedule(population, int(batch), steps, 0, unit)
     schedule.check("--", mf.max_participations, mf.min_separation)
-    return CorrelatedSteps.of(make_strategy(mechanism, mf.bands or 1, mf.buffers or 4), z, schedule)
+    return CorrelatedSteps.of(strategy_for(mechanism, mf.coefficients, mf.bands, mf.buffers, schedule, None, say), z, schedule)
+
+
+def _strategy_extra(ev: GaussianSteps | CorrelatedSteps | AmplifiedBandMF, mf: _MF) -> dict:
+    """An optimized strategy's coefficients, for the answer (a fixed one is named by its options)."""
+    if mf.coefficients != "optimized":
+        return {}
+    s = ev.strategy  # type: ignore[union-attr]
+    return {"strategy": {k: list(v) for k, v in (("coefs", s.coefs), ("buf_decay", s.buf_decay), ("output_scale", s.output_scale)) if v}}
 
 
 def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str, mf: _MF = _MF()) -> GaussianSteps | CorrelatedSteps | AmplifiedBandMF:
     if event in _CORRELATED_EVENTS:
         return _correlated_event(event, z, population, batch, steps, shards, micro_steps, mf, unit)
-    if any(v is not None for v in mf.options().values()) or mf.sampling != "cyclic":
-        raise PrivacyParameterError(f"--bands, --buffers, --max-participations, --min-separation, --sampling and --groups apply to the correlated-noise events, not {event.value}")
+    if any(v is not None for v in mf.options().values()) or mf.sampling != "cyclic" or mf.coefficients != "fixed":
+        raise PrivacyParameterError(f"--bands, --buffers, --max-participations, --min-separation, --sampling, --groups and --coefficients apply to the correlated-noise events, not {event.value}")
     if event is Event.no_sampling:
         if batch is not None and batch != population:
             raise PrivacyParameterError(f"--batch: with no sampling every unit is in every step, so batch must equal --population ({population}) or be omitted")
@@ -262,6 +275,7 @@ _MAXP = typer.Option(None, "--max-participations", help="correlated noise: refus
 _MINSEP = typer.Option(None, "--min-separation", help="correlated noise: refuse a schedule in which a unit takes part again within fewer than b steps.")
 _SAMPLING = typer.Option("cyclic", "--sampling", help="correlated noise: cyclic (fixed groups of B, one per step) or cyclic-poisson (banded-mf-*: amplified banded MF, --groups b).")
 _GROUPS = typer.Option(None, "--groups", help="--sampling cyclic-poisson: b, the groups the units are drawn into (default --bands; at least --bands).")
+_COEFS = typer.Option("fixed", "--coefficients", help="correlated noise: fixed (banded MF's optimal max-error bands, BLT's rational approximation) or optimized (jax-privacy's optimizer for these steps and this participation, mean prefix-sum error; seconds to tens of seconds), as coefficients = ... in a config.")
 _ALLOW = typer.Option(False, "--allow-large-delta", help="Answer even when delta >= 1/N (refused otherwise: publishing one record in the clear meets it); the answer then says what it means.")
 
 
@@ -298,9 +312,10 @@ def epsilon_cmd(
     min_separation: Optional[int] = _MINSEP,
     sampling: str = _SAMPLING,
     groups: Optional[int] = _GROUPS,
+    coefficients: str = _COEFS,
 ) -> None:
     """epsilon for a delta (or delta for an epsilon) of a DP-SGD or DP-FedAvg run (Gaussian or correlated noise)."""
-    mf = _MF(bands, buffers, max_participations, min_separation, sampling, groups)
+    mf = _MF(bands, buffers, max_participations, min_separation, sampling, groups, coefficients)
     check_options({"--noise-multiplier": noise_multiplier, "--population": population, "--batch": batch, "--steps": steps, "--delta": delta,
                    "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
     if (delta is None) == (epsilon is None):
@@ -311,7 +326,7 @@ def epsilon_cmd(
     for acc in _accountants(ev, accountant):
         ans = epsilon_for(ev, delta, acc) if delta is not None else delta_for(ev, epsilon, acc)  # type: ignore[arg-type]
         answers.append(ans.to_json())
-    _print_answers(answers, as_json, {"event": event.value, **note})
+    _print_answers(answers, as_json, {"event": event.value, **_strategy_extra(ev, mf), **note})
 
 
 @privacy_app.command("calibrate")
@@ -334,9 +349,10 @@ def calibrate_cmd(
     min_separation: Optional[int] = _MINSEP,
     sampling: str = _SAMPLING,
     groups: Optional[int] = _GROUPS,
+    coefficients: str = _COEFS,
 ) -> None:
     """The smallest noise multiplier (per draw) that reaches --target-epsilon at --delta (bisection)."""
-    mf = _MF(bands, buffers, max_participations, min_separation, sampling, groups)
+    mf = _MF(bands, buffers, max_participations, min_separation, sampling, groups, coefficients)
     check_options({"--target-epsilon": target_epsilon, "--delta": delta, "--population": population, "--batch": batch, "--steps": steps,
                    "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
     note = _delta_vs_population(delta, population, (unit if _CORRELATED_EVENTS[event][1] == "example" else "user") if event in _CORRELATED_EVENTS else unit, allow_large_delta)
@@ -345,7 +361,7 @@ def calibrate_cmd(
     template = _event(event, 1.0, population, batch, steps, shards, micro_steps, unit, mf)
     _accountants(template, accountant)
     sigma, ans = calibrate_noise_multiplier(template, target_epsilon, delta, accountant.value)  # type: ignore[arg-type]
-    _print_answers([ans.to_json()], as_json, {"event": event.value, "calibrated_noise_multiplier": sigma, **note})
+    _print_answers([ans.to_json()], as_json, {"event": event.value, "calibrated_noise_multiplier": sigma, **_strategy_extra(template, mf), **note})
 
 
 @privacy_app.command("batch-sweep")

@@ -27,6 +27,7 @@ import numpy as np
 from fedpriv.clients.data import next_power_of_two
 from fedpriv.engines.cohort import CohortUpdate
 from fedpriv.engines.setup import FederatedSetup, train_federated
+from fedpriv.rundir import RunDir
 from fedpriv.training.loop import LoopResult
 from fedpriv.strategies.aggregators import DeltaAccumulator
 from fedpriv.tasks.base import Params
@@ -134,5 +135,6 @@ def run_vectorized(
     stop_after: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> LoopResult:
-    setup = FederatedSetup(prepared, log)
+    RunDir(run_dir).create()  # before the setup, which may store an optimized strategy there
+    setup = FederatedSetup(prepared, log, run_dir)
     return train_federated(setup, VectorizedEngine(setup), run_dir, stop_after, log)

@@ -132,10 +132,20 @@ class Strategy:
         """Model-sized arrays the streaming C^-1 keeps (bands - 1, or buffers)."""
         return len(self.coefs) - 1 if self.mechanism == "banded-mf" else len(self.buf_decay)
 
-    def describe(self) -> str:
+    @property
+    def fixed(self) -> bool:
+        """Whether this is the fixed strategy :func:`make_strategy` gives (else: numerically optimized)."""
         if self.mechanism == "banded-mf":
-            return f"banded MF, {len(self.coefs)} band(s) (optimal max-error Toeplitz coefficients, norm 1)"
-        return f"BLT, {len(self.buf_decay)} buffer(s) (RA-BLT: rational approximation to 1/sqrt(1-x))"
+            return bool(self.coefs) and self == make_strategy("banded-mf", len(self.coefs))
+        return 1 <= len(self.buf_decay) <= 10 and self == make_strategy("blt", buffers=len(self.buf_decay))
+
+    def describe(self) -> str:
+        optimized = "numerically optimized by jax-privacy for mean prefix-sum error"
+        if self.mechanism == "banded-mf":
+            how = "optimal max-error Toeplitz coefficients, norm 1" if self.fixed else f"{optimized}, norm 1"
+            return f"banded MF, {len(self.coefs)} band(s) ({how})"
+        how = "RA-BLT: rational approximation to 1/sqrt(1-x)" if self.fixed else optimized
+        return f"BLT, {len(self.buf_decay)} buffer(s) ({how})"
 
     def toeplitz_coefs(self, n: int) -> np.ndarray:
         """The first column of C over n steps (float64)."""

@@ -27,6 +27,7 @@ from group r mod b of a :class:`~fedpriv.privacy.amplified.CyclicPoissonSchedule
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,8 @@ from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
 from fedpriv.privacy.aggregate import ReplayedNoiseCheckpoints, replay_noise_state
 from fedpriv.privacy.budget import DPBudget
-from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
+from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule
+from fedpriv.privacy.optimized import strategy_for
 from fedpriv.privacy.streams import CORRELATED_NOISE, DP_FEDAVG, NoiseSeed, stream_key
 from fedpriv.strategies.aggregators import AdaptiveClipping, Aggregator, ClippedMean, CorrelatedNoise, DeltaAccumulator, GaussianNoise, WeightedMean
 from fedpriv.strategies.sampling import CohortSampler
@@ -74,7 +76,10 @@ class ServerCore(ReplayedNoiseCheckpoints):
     the aggregator's state (the current S; adaptive or fixed; 0 for fedavg).
     """
 
-    def __init__(self, fcfg: FederatedConfig, population: int, seed: int, log: Callable[[str], None] | None = None, noise: NoiseSeed | None = None):
+    def __init__(self, fcfg: FederatedConfig, population: int, seed: int, log: Callable[[str], None] | None = None, noise: NoiseSeed | None = None,
+                 strategy_file: str | os.PathLike[str] | None = None):
+        # strategy_file: where an optimized correlated-noise strategy is stored (dp.coefficients = "optimized";
+        # read back on resume, written when first optimized; None: optimized in this process only).
         self.fcfg = fcfg  # each strategy's keys were checked when the config was validated
         self.seed = seed
         # noise: where the cohort sampling and the DP noise come from (default: the seed, a simulation).
@@ -97,7 +102,7 @@ class ServerCore(ReplayedNoiseCheckpoints):
         self.budget: DPBudget | None = None
         if d is not None:
             if self.correlated:
-                strategy = make_strategy(d.mechanism, d.bands or 1, d.buffers or 4)
+                strategy = strategy_for(d.mechanism, d.coefficients, d.bands, d.buffers, self.sampler, strategy_file, log)
                 self.noising_matrix = strategy.noising_matrix()
                 if isinstance(self.sampler, CyclicPoissonSchedule):
                     template = AmplifiedBandMF.of(strategy, 1.0, self.sampler)

@@ -179,13 +179,13 @@ def wait_for_nodes(grid: Grid, wanted: int, timeout_s: float, log: Callable[[str
 
 def serve(grid: Grid, prepared: Prepared, run_dir: str, stop_after: int | None = None, log: Callable[[str], None] = _echo, node_wait_s: float = 30.0) -> LoopResult:
     """The ServerApp's body: run the prepared experiment's rounds through ``grid``."""
-    setup = FederatedSetup(prepared, log)
-    strategy = FedprivStrategy(setup, log)
-    strategy.summary()
-    n = wait_for_nodes(grid, setup.fcfg.flower.num_supernodes, node_wait_s, log)
-    log(f"{n} SuperNode(s) connected")
-    engine = FlowerEngine(strategy, grid, setup.fcfg.flower.round_timeout_s)
-    with hold(run_dir, "run"):  # `flwr run`: the ServerApp's process owns the run directory (in a simulation, this process already does)
+    with hold(run_dir, "run"):  # `flwr run`: the ServerApp's process owns the run directory (in a simulation, this process already does),
+        setup = FederatedSetup(prepared, log, run_dir)  # (claimed first: the setup may store an optimized strategy there)
+        strategy = FedprivStrategy(setup, log)
+        strategy.summary()
+        n = wait_for_nodes(grid, setup.fcfg.flower.num_supernodes, node_wait_s, log)
+        log(f"{n} SuperNode(s) connected")
+        engine = FlowerEngine(strategy, grid, setup.fcfg.flower.round_timeout_s)
         return train_federated(setup, engine, run_dir, stop_after, log)
 
 
