@@ -247,3 +247,45 @@ def test_amplified_refusals_are_one_line(extra, message, capsys):
     assert main(["privacy", "epsilon", "-z", "1.2", "-N", "5000", "-B", "50", "--steps", "40", "--delta", "1e-6", *extra]) == 2
     err = capsys.readouterr().err
     assert err.startswith("fedpriv: error: ") and err.count("\n") == 1 and message in err, err
+
+
+@pytest.mark.slow
+def test_optimized_coefficients_epsilon_equals_jax_privacy_and_dp_accounting(capsys):
+    """`--coefficients optimized`: jax-privacy's banded optimizer for these steps (mean prefix-sum
+    error; that the coefficients are its answer: tests/privacy/test_optimized.py), then the same
+    hand computation on the coefficients the answer prints as for the fixed strategies (cyclic, and
+    cyclic Poisson)."""
+    import numpy as np
+    from jax_privacy.matrix_factorization import toeplitz
+
+    fixed = np.asarray(toeplitz.optimal_max_error_strategy_coefs(3), np.float64)
+    argv = ["privacy", "epsilon", "-e", "banded-mf-fedavg", "--bands", "3", "-z", "2.5", "-N", "400", "-B", "100", "--steps", "12", "--delta", "1e-5",
+            "--coefficients", "optimized", "--json"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    out = json.loads(captured.out)
+    coefs = np.asarray(out["strategy"]["coefs"], np.float64)
+    assert len(coefs) == 3 and np.linalg.norm(coefs) == pytest.approx(1.0, rel=1e-12) and not np.allclose(coefs, fixed / np.linalg.norm(fixed), atol=1e-3)
+    assert "optimized strategy in " in captured.err
+    for a in out["answers"]:
+        assert a["epsilon"] == pytest.approx(_direct_epsilon(coefs, 400, 100, 12, 2.5, 1e-5, a["accountant"]), rel=1e-12)
+        assert "numerically optimized by jax-privacy" in a["sampling"]
+    assert main(["privacy", "epsilon", "-e", "banded-mf-fedavg", "--bands", "3", "--sampling", "cyclic-poisson", "--groups", "4", "-z", "1.2", "-N", "5000", "-B", "50",
+                 "--steps", "12", "--delta", "1e-5", "--coefficients", "optimized", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    for a in out["answers"]:
+        assert a["epsilon"] == pytest.approx(_amplified_by_hand(coefs, 5000, 50, 4, 12, 1.2, 1e-5, a["accountant"]), rel=1e-9)
+
+
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["-e", "banded-mf-fedavg", "--bands", "3", "--coefficients", "best"], "--coefficients: fixed or optimized, got 'best'"),
+        (["-e", "dpfedavg-poisson", "--coefficients", "optimized"], "apply to the correlated-noise events, not dpfedavg-poisson"),
+        (["-e", "banded-mf-dpsgd", "--bands", "5", "--coefficients", "optimized"], "bands = 5 > the cyclic schedule's groups N // m = 4"),
+    ],
+)
+def test_optimized_refusals_are_one_line(extra, message, capsys):
+    assert main(["privacy", "epsilon", "-z", "1.2", "-N", "400", "-B", "100", "--steps", "12", "--delta", "1e-6", *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("fedpriv: error: ") and err.count("\n") == 1 and message in err, err
