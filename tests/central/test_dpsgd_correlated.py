@@ -126,3 +126,34 @@ def test_a_correlated_runs_guarantee_says_where_its_noise_can_be_read(nwp):
     state = secure.init_state(task.init_params(jax.random.key(0)))
     assert set(state) == {"params", "opt_state", "noise"}
     assert set(secure.checkpoint_state(state)) == {"params", "opt_state"} and sim.checkpoint_state(state) is state
+
+
+@pytest.mark.slow
+def test_optimized_banded_mf_dpsgd_resumes_bitwise_from_its_stored_strategy(nwp, tmp_path, monkeypatch):
+    """coefficients = "optimized": the killed run's resume reads strategy.json back (the optimizer
+    made to fail) and ends bit for bit where the unbroken run ends; the noise is calibrated for the
+    optimized strategy (epsilon 8 reached, the guarantee names it)."""
+    from fedpriv.central.train import train_central
+    from fedpriv.privacy import optimized
+    from fedpriv.rundir import STRATEGY
+
+    task, arrays, counts = nwp
+    dp = PrivacyConfig(clip_norm=0.5, target_epsilon=8.0, delta=1e-5, mechanism="banded-mf", bands=3, coefficients="optimized")
+    cfg = tcfg()
+
+    def go(name, **kw):
+        RunDir(tmp_path / name).create()  # (as train_prepared_central does before building the stepper)
+        stepper = DPSGDStepper(task, arrays, cfg, dp, 0, optax.sgd(cfg.learning_rate), cfg.steps, user_counts=counts, strategy_file=tmp_path / name / STRATEGY)
+        return train_central(task, arrays, counts, cfg, 0, tmp_path / name, stepper=stepper, **kw), stepper
+
+    full, stepper = go("full")
+    assert not stepper.strategy.fixed and len(stepper.strategy.coefs) == 3
+    go("part", stop_after=3)
+    monkeypatch.setattr(optimized, "optimize_strategy", lambda _spec: (_ for _ in ()).throw(AssertionError("optimized again on resume")))
+    rest, again = go("part")
+    assert again.strategy == stepper.strategy
+    np.testing.assert_array_equal(flat(rest.params), flat(full.params))
+    assert (tmp_path / "part" / "metrics.jsonl").read_text() == (tmp_path / "full" / "metrics.jsonl").read_text()
+    assert PrivacyLedger.load(tmp_path / "part" / LEDGER).entries[0].coefs == stepper.strategy.coefs
+    row = [r for r in full.history if r["split"] == "train"][-1]
+    assert 7.99 < row["epsilon"] <= 8.0 and "banded MF, 3 band(s) (numerically optimized by jax-privacy" in row["guarantee"]

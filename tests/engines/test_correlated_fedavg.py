@@ -87,6 +87,8 @@ def test_cohorts_are_the_cyclic_groups(tmp_path):
         (dict(dp={"mechanism": "banded-mf", "noise_multiplier": 1.0, "delta": 1e-5}), "needs bands"),
         (dict(dp={"mechanism": "gaussian", "bands": 2, "noise_multiplier": 1.0, "delta": 1e-5}), "bands applies to mechanism"),
         (dict(dp={"mechanism": "blt", "target_epsilon": 1.0, "epsilon_budget": 1.0, "delta": 1e-5}), "epsilon_budget is not supported"),
+        (dict(dp={"mechanism": "gaussian", "coefficients": "optimized", "noise_multiplier": 1.0, "delta": 1e-5}), "coefficients applies to mechanism = 'banded-mf' or 'blt'"),
+        (dict(dp={"mechanism": "blt", "coefficients": "best", "noise_multiplier": 1.0, "delta": 1e-5}), "Input should be 'fixed' or 'optimized'"),
     ],
 )
 def test_config_refuses_what_the_accountant_does_not_cover(fed, message):
@@ -107,4 +109,52 @@ def test_too_many_rounds_for_the_stated_participation_are_refused(tmp_path):
     text = p.read_text().replace("rounds = 3", "rounds = 100")
     p.write_text(text)
     with pytest.raises(PrivacyParameterError, match=r"federated.dp.max_participations = 1: 100 steps over \d+ groups of 6"):
+        FederatedSetup(prepare(p))
+
+
+OPTIMIZED_BMF = BLT.replace('mechanism = "blt", buffers = 2', 'mechanism = "banded-mf", bands = 2, coefficients = "optimized"')
+
+
+@pytest.mark.slow
+def test_optimized_banded_mf_dp_fedavg_stores_its_strategy_and_resumes_bitwise_without_optimizing(tmp_path, monkeypatch):
+    """coefficients = "optimized": the strategy is optimized once before round 1 and stored in the run
+    directory with what it was optimized for; the run cut after round 1 resumes bit for bit reading it
+    back (the optimizer made to fail on resume), and the ledger's events carry its coefficients."""
+    import json
+
+    from fedpriv.engines.vectorized import run_vectorized
+    from fedpriv.privacy import optimized
+    from fedpriv.privacy.ledger import PrivacyLedger
+    from fedpriv.rundir import LEDGER, STRATEGY
+    from federated_helpers import leaves_max_diff
+
+    cfg = write_config(tmp_path, extra=OPTIMIZED_BMF)
+    said: list[str] = []
+    full = run_vectorized(prepare(cfg), tmp_path / "full", log=said.append)
+    assert any(m.startswith("optimized strategy in ") for m in said)
+    stored = json.loads((tmp_path / "full" / STRATEGY).read_text())
+    assert stored["spec"]["mechanism"] == "banded-mf" and stored["spec"]["steps"] == 3 and stored["spec"]["size"] == 2
+    coefs = tuple(stored["strategy"]["coefs"])
+    assert [e.coefs for e in PrivacyLedger.load(tmp_path / "full" / LEDGER).entries] == [coefs]
+    assert run_vectorized(prepare(cfg), tmp_path / "cut", stop_after=1).done == 1
+    cut = json.loads((tmp_path / "cut" / STRATEGY).read_text())
+    assert (cut["spec"], cut["strategy"]) == (stored["spec"], stored["strategy"])
+
+    def refuse(_spec):
+        raise AssertionError("optimized again on resume")
+
+    monkeypatch.setattr(optimized, "optimize_strategy", refuse)
+    said.clear()
+    resumed = run_vectorized(prepare(cfg), tmp_path / "cut", log=said.append)
+    assert resumed.done == 3 and leaves_max_diff(full.params, resumed.params) == 0.0
+    assert f"optimized strategy read from {tmp_path / 'cut' / STRATEGY} (not optimized again)" in said
+    strip = lambda p: [{k: v for k, v in json.loads(x).items() if k != "round_seconds"} for x in p.read_text().splitlines()]  # noqa: E731
+    assert strip(tmp_path / "full" / "metrics.jsonl") == strip(tmp_path / "cut" / "metrics.jsonl")
+    rows = [r for r in full.history if r["split"] == "train"]
+    assert 7.99 < rows[-1]["epsilon"] <= 8.0 and "banded MF, 2 band(s) (numerically optimized by jax-privacy" in rows[-1]["guarantee"]
+
+
+def test_optimized_banded_mf_with_more_bands_than_groups_is_refused_before_training(tmp_path):
+    p = write_config(tmp_path, extra=OPTIMIZED_BMF.replace("bands = 2", "bands = 400"))
+    with pytest.raises(PrivacyParameterError, match=r"coefficients = 'optimized' with bands = 400 > the cyclic schedule's groups N // m = \d+"):
         FederatedSetup(prepare(p))
