@@ -136,7 +136,7 @@ class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
                 self.schedule.check("privacy", dp.bands, dp.max_participations, dp.min_separation)
             else:
                 self.schedule.check("privacy", dp.max_participations, dp.min_separation)
-            self.strategy = strategy_for(dp.mechanism, dp.coefficients, dp.bands, dp.buffers, self.schedule, strategy_file, say)
+            self.strategy = strategy_for(dp.mechanism, dp.coefficients, dp.bands, dp.buffers, self.schedule, strategy_file, say, "privacy")
             self.noising_matrix = self.strategy.noising_matrix()
             if isinstance(self.schedule, CyclicPoissonSchedule):
                 template = AmplifiedBandMF.of(self.strategy, 1.0, self.schedule)

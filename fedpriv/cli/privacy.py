@@ -195,12 +195,12 @@ def _correlated_event(event: Event, z: float, population: int, batch: Optional[f
             raise PrivacyParameterError(f"--sampling cyclic-poisson amplifies banded MF only: BLT has infinitely many bands, so amplification by sampling does not apply; use banded-mf-{event.value.split('-', 1)[1]} or --sampling cyclic")
         amplified = CyclicPoissonSchedule(population, int(batch), mf.groups or mf.bands, steps, 0, unit)
         amplified.check("--", mf.bands, mf.max_participations, mf.min_separation)
-        return AmplifiedBandMF.of(strategy_for(mechanism, mf.coefficients, mf.bands, None, amplified, None, say), z, amplified)
+        return AmplifiedBandMF.of(strategy_for(mechanism, mf.coefficients, mf.bands, None, amplified, None, say, "--"), z, amplified)
     if mf.groups is not None:
         raise PrivacyParameterError("--groups applies to --sampling cyclic-poisson (the cyclic schedule's groups are N // B)")
     schedule = CyclicSchedule(population, int(batch), steps, 0, unit)
     schedule.check("--", mf.max_participations, mf.min_separation)
-    return CorrelatedSteps.of(strategy_for(mechanism, mf.coefficients, mf.bands, mf.buffers, schedule, None, say), z, schedule)
+    return CorrelatedSteps.of(strategy_for(mechanism, mf.coefficients, mf.bands, mf.buffers, schedule, None, say, "--"), z, schedule)
 
 
 def _strategy_extra(ev: GaussianSteps | CorrelatedSteps | AmplifiedBandMF, mf: _MF) -> dict:

@@ -186,14 +186,21 @@ def resolve_strategy(spec: OptimizationSpec, path: str | os.PathLike[str] | None
     return strategy
 
 
-def strategy_for(mechanism: str, coefficients: str, bands: int | None, buffers: int | None, schedule, path=None, log=None) -> Strategy:  # noqa: ANN001
+def strategy_for(mechanism: str, coefficients: str, bands: int | None, buffers: int | None, schedule, path=None, log=None, key: str = "") -> Strategy:  # noqa: ANN001
     """The strategy a ``[privacy]`` / ``[federated.dp]`` section runs on ``schedule`` (a
     :class:`~fedpriv.privacy.correlated.CyclicSchedule` or cyclic Poisson schedule): the fixed one
-    of :func:`make_strategy`, or the optimized one of :func:`resolve_strategy`."""
+    of :func:`make_strategy`, or the optimized one of :func:`resolve_strategy`. ``key``: the
+    config section named in a refusal ("--": the CLI's options)."""
+    name = (lambda k: f"--{k}") if key == "--" else (lambda k: f"{key}.{k}" if key else k)
     if coefficients not in COEFFICIENTS:
-        _fail(f"coefficients must be one of {', '.join(COEFFICIENTS)}, got {coefficients!r}")
+        _fail(f"{name('coefficients')} must be one of {', '.join(COEFFICIENTS)}, got {coefficients!r}")
     if coefficients == "fixed":
         return make_strategy(mechanism, bands or 1, buffers or 4)
     size = (bands or 1) if mechanism == "banded-mf" else (buffers or 4)
+    if mechanism == "banded-mf" and schedule.sampling == "cyclic" and size > schedule.groups:
+        _fail(
+            f"{name('coefficients')} = 'optimized' with {name('bands')} = {size} > the cyclic schedule's groups N // m = {schedule.groups}: "
+            f"jax-privacy's banded optimizer assumes one unit's participations touch disjoint rows of C (bands <= b); use at most {schedule.groups} bands"
+        )
     spec = OptimizationSpec(mechanism, int(schedule.steps), int(schedule.groups), int(schedule.max_participations), int(size), schedule.sampling)
     return resolve_strategy(spec, path, log)

@@ -102,7 +102,7 @@ class ServerCore(ReplayedNoiseCheckpoints):
         self.budget: DPBudget | None = None
         if d is not None:
             if self.correlated:
-                strategy = strategy_for(d.mechanism, d.coefficients, d.bands, d.buffers, self.sampler, strategy_file, log)
+                strategy = strategy_for(d.mechanism, d.coefficients, d.bands, d.buffers, self.sampler, strategy_file, log, "federated.dp")
                 self.noising_matrix = strategy.noising_matrix()
                 if isinstance(self.sampler, CyclicPoissonSchedule):
                     template = AmplifiedBandMF.of(strategy, 1.0, self.sampler)

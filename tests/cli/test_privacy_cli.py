@@ -282,7 +282,7 @@ def test_optimized_coefficients_epsilon_equals_jax_privacy_and_dp_accounting(cap
     [
         (["-e", "banded-mf-fedavg", "--bands", "3", "--coefficients", "best"], "--coefficients: fixed or optimized, got 'best'"),
         (["-e", "dpfedavg-poisson", "--coefficients", "optimized"], "apply to the correlated-noise events, not dpfedavg-poisson"),
-        (["-e", "banded-mf-dpsgd", "--bands", "5", "--coefficients", "optimized"], "bands = 5 > the cyclic schedule's groups N // m = 4"),
+        (["-e", "banded-mf-dpsgd", "--bands", "5", "--coefficients", "optimized"], "--coefficients = 'optimized' with --bands = 5 > the cyclic schedule's groups N // m = 4"),
     ],
 )
 def test_optimized_refusals_are_one_line(extra, message, capsys):

@@ -156,5 +156,5 @@ def test_optimized_banded_mf_dp_fedavg_stores_its_strategy_and_resumes_bitwise_w
 
 def test_optimized_banded_mf_with_more_bands_than_groups_is_refused_before_training(tmp_path):
     p = write_config(tmp_path, extra=OPTIMIZED_BMF.replace("bands = 2", "bands = 400"))
-    with pytest.raises(PrivacyParameterError, match=r"coefficients = 'optimized' with bands = 400 > the cyclic schedule's groups N // m = \d+"):
+    with pytest.raises(PrivacyParameterError, match=r"federated.dp.coefficients = 'optimized' with federated.dp.bands = 400 > the cyclic schedule's groups N // m = \d+"):
         FederatedSetup(prepare(p))
