@@ -75,7 +75,8 @@ EVENT_HELP = (
     "the N units in b = N // B groups of B, one group per step, so each unit at most k = ceil(steps / b) times, b steps apart "
     "(--max-participations k and --min-separation b refuse a schedule that breaks them); zero-out-one unit. "
     "banded-mf-* with --sampling cyclic-poisson: amplified banded MF, the N units drawn once into b = --groups groups (default --bands), "
-    "group t mod b Poisson-sampled at step t with q = B / (N // b); k = ceil(steps / b) Poisson-subsampled Gaussians; add-or-remove-one unit."
+    "group t mod b Poisson-sampled at step t with q = B / (N // b); k = ceil(steps / b) Poisson-subsampled Gaussians; add-or-remove-one unit. "
+    "--coefficients optimized: the strategy fitted to these steps and participation by jax-privacy's optimizer (mean prefix-sum error)."
 )
 
 

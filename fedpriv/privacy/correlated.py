@@ -15,6 +15,10 @@ or ``buffers`` (BLT) arrays shaped like the model, whatever the number of steps.
   with ``buffers`` buffers (``BufferedToeplitz.from_rational_approx_to_sqrt_x``, the RA-BLT of
   Dvijotham et al. 2024), not numerically optimized for n.
 
+These are the fixed strategies (``coefficients = "fixed"``, the default); ``"optimized"`` fits
+either to the run's steps and participation with jax-privacy's optimizers
+(:mod:`fedpriv.privacy.optimized`), and :attr:`Strategy.fixed` tells the two apart.
+
 Participation (what the accountant assumes): the N units (users, or examples) are split by a
 seeded permutation into b = floor(N / m) fixed groups of exactly m (the N - b*m left over are
 never sampled); step t trains group t mod b. Each unit takes part at most k = ceil(n / b) times
