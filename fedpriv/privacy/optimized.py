@@ -133,6 +133,20 @@ def mean_error_times_sensitivity(strategy: Strategy, spec: OptimizationSpec) -> 
     return error * sens_sq
 
 
+def check_accountable(strategy: Strategy, spec: OptimizationSpec) -> None:
+    """Refuse a strategy the accounting does not cover: Toeplitz coefficients over n steps that are
+    not finite, not non-negative, or (cyclic schedule: jax-privacy's min-separation sensitivity
+    assumes it) not non-increasing; BLT decays outside [0, 1]."""
+    c = strategy.toeplitz_coefs(spec.steps)
+    what = f"the {spec.mechanism} strategy optimized for {spec}"
+    if not np.all(np.isfinite(c)) or np.any(c < 0) or c[0] <= 0:
+        _fail(f"{what} has Toeplitz coefficients that are not finite and non-negative: {c[:8]}")
+    if spec.participation == "cyclic" and np.any(np.diff(c) > 0):
+        _fail(f"{what} has increasing Toeplitz coefficients, which jax-privacy's min-separation sensitivity does not cover: {c[:8]}")
+    if strategy.mechanism == "blt" and not all(0.0 <= d <= 1.0 for d in strategy.buf_decay):
+        _fail(f"{what} has buffer decays outside [0, 1]: {strategy.buf_decay}")
+
+
 # ---- stored with the run -----------------------------------------------------------------------
 
 
@@ -156,8 +170,11 @@ def load_strategy(path: str | os.PathLike[str]) -> tuple[OptimizationSpec, Strat
         spec = OptimizationSpec(**obj["spec"])
         s = obj["strategy"]
         strategy = Strategy(s["mechanism"], _float_tuple(s["coefs"]), _float_tuple(s["buf_decay"]), _float_tuple(s["output_scale"]))
-        if strategy.mechanism != spec.mechanism or not (strategy.coefs or strategy.buf_decay):
+        if strategy.mechanism != spec.mechanism or not (strategy.coefs or strategy.buf_decay) or len(strategy.buf_decay) != len(strategy.output_scale):
             raise ValueError("the strategy does not match its spec")
+        if (len(strategy.coefs) if spec.mechanism == "banded-mf" else len(strategy.buf_decay)) > spec.size:
+            raise ValueError(f"more bands or buffers than the {spec.size} of its spec")
+        check_accountable(strategy, spec)
     except (AttributeError, KeyError, TypeError, ValueError, PrivacyParameterError) as e:
         raise DataFormatError(path, None, f"not a valid optimized strategy ({e})") from None
     return spec, strategy
@@ -180,6 +197,7 @@ def resolve_strategy(spec: OptimizationSpec, path: str | os.PathLike[str] | None
     start = time.perf_counter()
     strategy = optimize_strategy(spec)
     seconds = time.perf_counter() - start
+    check_accountable(strategy, spec)
     say(f"optimized strategy in {seconds:.1f}s: {strategy.describe()}")
     if path is not None:
         write_json_atomic(Path(path), _to_json(spec, strategy, seconds), indent=1)

@@ -139,6 +139,10 @@ def test_the_strategy_is_stored_and_read_back_never_optimized_again(banded, tmp_
     path.write_text('{"format": "fedpriv-optimized-strategy-1", "spec": {"mechanism": "blt"}}')
     with pytest.raises(DataFormatError, match="not a valid optimized strategy"):
         load_strategy(path)
+    moved["strategy"]["coefs"] = [0.5, 0.8, float(math.sqrt(1 - 0.89))]  # increasing: not what the min-separation sensitivity covers
+    path.write_text(json.dumps(moved))
+    with pytest.raises(DataFormatError, match="increasing Toeplitz coefficients"):
+        resolve_strategy(spec, path)
 
 
 def test_bad_settings_are_refused_in_one_line():
