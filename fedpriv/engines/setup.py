@@ -43,9 +43,11 @@ from fedpriv.training.prepared import Prepared
 class FederatedSetup:
     """What every engine needs, built once from a prepared experiment with a ``[federated]`` section."""
 
-    def __init__(self, prepared: Prepared, log: Callable[[str], None] | None = None, run_dir: str | os.PathLike[str] | None = None):
+    def __init__(self, prepared: Prepared, log: Callable[[str], None] | None = None, run_dir: str | os.PathLike[str] | None = None, client: bool = False):
         """``run_dir``: the run directory (created by then) an optimized correlated-noise strategy is
-        stored in and read back from; None (config checks, ClientApps): optimized in this process only."""
+        stored in and read back from; None (config checks): optimized in this process only.
+        ``client``: a ClientApp's setup (local training and clipping only): no noise strategy, no
+        calibration and no budget (``core.budget`` is None)."""
         cfg = prepared.config
         if cfg.federated is None:
             raise ConfigError(f"experiment {cfg.name!r} has no [federated] section")
@@ -61,7 +63,8 @@ class FederatedSetup:
         self.canary_clients = CanaryClients(ac, self.data.num_users) if ac is not None and ac.kind == "client" else None
         extra = self.canary_clients.count if self.canary_clients is not None else 0
         self.noise = noise_seed(cfg)
-        self.core = ServerCore(self.fcfg, self.data.num_users + extra, cfg.seed, log, self.noise, RunDir(run_dir).file(STRATEGY) if run_dir is not None else None)
+        self.core = ServerCore(self.fcfg, self.data.num_users + extra, cfg.seed, log, self.noise, RunDir(run_dir).file(STRATEGY) if run_dir is not None else None,
+                               accounting=not client)
         self.client_dp: ClientDP | None = None
         self.record_level: RecordLevelPrivacy | None = None
         self.participation: Participation | None = None

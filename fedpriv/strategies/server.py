@@ -77,9 +77,12 @@ class ServerCore(ReplayedNoiseCheckpoints):
     """
 
     def __init__(self, fcfg: FederatedConfig, population: int, seed: int, log: Callable[[str], None] | None = None, noise: NoiseSeed | None = None,
-                 strategy_file: str | os.PathLike[str] | None = None):
+                 strategy_file: str | os.PathLike[str] | None = None, accounting: bool = True):
         # strategy_file: where an optimized correlated-noise strategy is stored (dp.coefficients = "optimized";
         # read back on resume, written when first optimized; None: optimized in this process only).
+        # accounting False: a client process (a Flower ClientApp), which adds no noise and keeps no
+        # budget: no strategy (optimizing one can take tens of seconds), no calibration, no budget;
+        # its accumulator clips exactly as the server's (make_accumulator).
         self.fcfg = fcfg  # each strategy's keys were checked when the config was validated
         self.seed = seed
         # noise: where the cohort sampling and the DP noise come from (default: the seed, a simulation).
@@ -100,7 +103,7 @@ class ServerCore(ReplayedNoiseCheckpoints):
         self.m = self.sampler.m
         self.tx = make_optimizer(fcfg.server_optimizer, fcfg.server_learning_rate, fcfg.server_momentum)
         self.budget: DPBudget | None = None
-        if d is not None:
+        if d is not None and accounting:
             if self.correlated:
                 strategy = strategy_for(d.mechanism, d.coefficients, d.bands, d.buffers, self.sampler, strategy_file, log, "federated.dp")
                 self.noising_matrix = strategy.noising_matrix()

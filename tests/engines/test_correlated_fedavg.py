@@ -158,3 +158,26 @@ def test_optimized_banded_mf_with_more_bands_than_groups_is_refused_before_train
     p = write_config(tmp_path, extra=OPTIMIZED_BMF.replace("bands = 2", "bands = 400"))
     with pytest.raises(PrivacyParameterError, match=r"federated.dp.coefficients = 'optimized' with federated.dp.bands = 400 > the cyclic schedule's groups N // m = \d+"):
         FederatedSetup(prepare(p))
+
+
+def test_a_client_setup_builds_no_strategy_budget_or_calibration(tmp_path, monkeypatch):
+    """A ClientApp's setup (``client=True``) adds no noise: it never optimizes a strategy (which can
+    take tens of seconds per client process) nor calibrates, and keeps no budget; its accumulator
+    clips to the S it is given, as the server's does, and its sampler is the server's."""
+    from fedpriv.privacy import optimized
+    from fedpriv.strategies import server as server_module
+
+    def refuse(*_a, **_k):
+        raise AssertionError("a client process optimized or calibrated")
+
+    cfg = write_config(tmp_path, extra=OPTIMIZED_BMF)  # target_epsilon: the server calibrates
+    server = FederatedSetup(prepare(cfg))
+    monkeypatch.setattr(optimized, "optimize_strategy", refuse)
+    monkeypatch.setattr(server_module, "DPBudget", refuse)
+    client = FederatedSetup(prepare(cfg), client=True)
+    assert client.core.budget is None and server.core.budget is not None
+    assert client.core.noising_matrix is None and server.core.noising_matrix is not None
+    assert [client.core.sampler.sample(r).tolist() for r in (1, 2, 3)] == [server.core.sampler.sample(r).tolist() for r in (1, 2, 3)]
+    params = server.initial_params()
+    a, b = client.core.make_accumulator(params, 0.25), server.core.make_accumulator(params, 0.25)
+    assert (a.clip_norm, a.weighted) == (b.clip_norm, b.weighted) == (0.25, False)

@@ -110,7 +110,7 @@ class ClientRuntime:
     def __init__(self, config: ExperimentConfig, prepare: PrepareFn):
         setup_logs()  # this process's third-party messages, quiet unless FEDPRIV_VERBOSE=1
         prepared = prepare(config, None)
-        self.setup = FederatedSetup(prepared)
+        self.setup = FederatedSetup(prepared, client=True)  # clients add no noise: no strategy, calibration or budget here
         self.template = self.setup.initial_params()
         self.cohort = CohortUpdate(self.setup)
 
