@@ -63,8 +63,12 @@ def test_one_band_is_dpsgd_same_noise_same_updates():
 
 @pytest.mark.parametrize("strategy", [make_strategy("banded-mf", 3), SMALL_BLT], ids=["banded-mf-3", "blt-2-buffers"])
 def test_streaming_noise_is_the_dense_inverse_times_z(strategy):
-    """Step t's noise is row t of C^-1 Z, Z_t the i.i.d. draw DP-SGD would add at step t."""
-    n = 7
+    assert_streaming_noise_is_the_dense_inverse_times_z(strategy)
+
+
+def assert_streaming_noise_is_the_dense_inverse_times_z(strategy, n: int = 7) -> None:
+    """Step t's noise is row t of C^-1 Z, Z_t the i.i.d. draw DP-SGD would add at step t (also
+    used by test_optimized.py)."""
     zero = jax.tree.map(jnp.zeros_like, TREE)
     keys = [jax.random.fold_in(jax.random.key(1), t) for t in range(n)]
     streamed = steps_of(strategy, zero, keys, denominator=1.0)

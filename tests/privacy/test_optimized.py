@@ -13,12 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
-from test_correlated import TREE, steps_of
+from test_correlated import assert_streaming_noise_is_the_dense_inverse_times_z
 
 from fedpriv.errors import DataFormatError, FedprivError, PrivacyParameterError
 from fedpriv.privacy import optimized
 from fedpriv.privacy.accounting import PLD_DISCRETIZATION, RDP_ORDERS, epsilon_for
-from fedpriv.privacy.aggregate import noise_and_normalize
 from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
 from fedpriv.privacy.correlated import CorrelatedSteps, CyclicSchedule, make_strategy
 from fedpriv.privacy.optimized import OptimizationSpec, load_strategy, mean_error_times_sensitivity, resolve_strategy, strategy_for
@@ -98,18 +97,7 @@ def test_optimized_banded_mf_error_is_at_most_the_fixed_ones(banded):
 
 
 def test_streaming_noise_of_an_optimized_strategy_is_the_dense_inverse_times_z(banded):
-    n = 7
-    zero = jax.tree.map(jnp.zeros_like, TREE)
-    keys = [jax.random.fold_in(jax.random.key(1), t) for t in range(n)]
-    streamed = steps_of(banded, zero, keys, denominator=1.0)
-    iid = [noise_and_normalize(zero, k, 1.5, 0.7, 1.0) for k in keys]
-    c = np.asarray(toeplitz.materialize_lower_triangular(jnp.asarray(banded.toeplitz_coefs(n), jnp.float32)), np.float64)
-    c_inv = np.linalg.inv(c)
-    assert not np.allclose(c_inv, np.eye(n))
-    for name in TREE:
-        z = np.stack([np.asarray(d[name], np.float64) for d in iid])
-        got = np.stack([np.asarray(s[name]) for s in streamed])
-        np.testing.assert_allclose(got, np.tensordot(c_inv, z, axes=1), rtol=2e-5, atol=2e-6)
+    assert_streaming_noise_is_the_dense_inverse_times_z(banded)
 
 
 def test_the_strategy_is_stored_and_read_back_never_optimized_again(banded, tmp_path, monkeypatch):
