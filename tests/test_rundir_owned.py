@@ -120,8 +120,16 @@ def test_two_trainers_on_one_run_directory_the_second_refuses_and_the_first_ends
     deadline = time.time() + 300
     while not (shared / CHECKPOINT).exists() and first.poll() is None and time.time() < deadline:
         time.sleep(0.01)
-    _, err = second.communicate("go\n", timeout=300)
-    assert first.poll() is None, "the first run ended before the second reached the folder; give it more steps"
+    # The first run is paused (SIGSTOP: it keeps its lock) while the second tries the folder, so
+    # the second meets it however fast the first would finish (with every program in the
+    # compilation cache it once did before the second got there); then it goes on.
+    assert first.poll() is None, "the first run ended before its first checkpoint was seen; give it more steps"
+    os.kill(first.pid, signal.SIGSTOP)
+    try:
+        assert first.poll() is None, "the first run ended before it was paused; give it more steps"
+        _, err = second.communicate("go\n", timeout=300)
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
     assert second.returncode == 2 and err.count("\n") == 1, err
     assert err.startswith(f"fedpriv: error: {shared}: in use by pid {first.pid} (fedpriv train central {config} --json --out {shared})"), err
     assert first.wait(timeout=300) == 0 and solo.wait(timeout=300) == 0, first.stderr.read()
