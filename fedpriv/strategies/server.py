@@ -103,6 +103,7 @@ class ServerCore(ReplayedNoiseCheckpoints):
         self.m = self.sampler.m
         self.tx = make_optimizer(fcfg.server_optimizer, fcfg.server_learning_rate, fcfg.server_momentum)
         self.budget: DPBudget | None = None
+        self.accounting = accounting
         if d is not None and accounting:
             if self.correlated:
                 strategy = strategy_for(d.mechanism, d.coefficients, d.bands, d.buffers, self.sampler, strategy_file, log, "federated.dp")
@@ -172,6 +173,8 @@ class ServerCore(ReplayedNoiseCheckpoints):
     # ---- one round -------------------------------------------------------------------------------
     def finish_round(self, state: dict, round_: int, acc: DeltaAccumulator) -> tuple[dict, dict[str, Any]]:
         """Aggregate the accumulated deltas, apply them; record the round's privacy."""
+        if not self.accounting and self.fcfg.dp is not None:  # a client's core holds no noise: it must never aggregate a private round
+            raise RuntimeError("a client-side ServerCore (accounting=False) cannot finish a DP-FedAvg round")
         key = jax.random.fold_in(self.noise_base, round_)
         extra = {}
         if self.correlated:

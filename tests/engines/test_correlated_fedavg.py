@@ -181,3 +181,5 @@ def test_a_client_setup_builds_no_strategy_budget_or_calibration(tmp_path, monke
     params = server.initial_params()
     a, b = client.core.make_accumulator(params, 0.25), server.core.make_accumulator(params, 0.25)
     assert (a.clip_norm, a.weighted) == (b.clip_norm, b.weighted) == (0.25, False)
+    with pytest.raises(RuntimeError, match="cannot finish a DP-FedAvg round"):  # never a noiseless private round
+        client.core.finish_round({"params": params, "clip": 0}, 1, a)
