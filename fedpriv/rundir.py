@@ -204,8 +204,8 @@ DATA_SHAPE = Obj({"notes": Each((str,), list_=True), "length_limit": (str, int, 
 TARGET_SHAPE = Obj({"metric": (str,), "value": NUM, "split": (str,), "reached": (bool,), "at": (str,), "when": NUM_OR_NULL, "reached_value": NUM_OR_NULL},
                    ("metric", "value", "reached"))
 CANARY_ROW = Obj({
-    "id": (str, int), "p_u": NUM, "p_e": NUM, "pattern": STR_OR_NULL, "sharers": NUM_OR_NULL, "insertions": NUM_OR_NULL,
-    "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
+    "id": (str, int), "p_u": NUM, "p_e": NUM, "p_u_effective": NUM_OR_NULL, "pattern": STR_OR_NULL, "sharers": NUM_OR_NULL,
+    "insertions": NUM_OR_NULL, "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
     "exposure": NUM_OR_NULL, "exposure_extrapolated": NUM_OR_NULL, "rs_candidates": NUM_OR_NULL,
 }, ("p_u", "p_e"))
 AUDIT_SHAPE = Obj({

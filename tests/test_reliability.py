@@ -321,19 +321,13 @@ def _json_paths(obj: Any, prefix: tuple = ()) -> list[tuple]:
     return out
 
 
-@pytest.mark.slow
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(data=st.data())
-def test_fuzzed_run_store_files_are_reported_or_refused_in_one_line(data, tmp_path_factory, capsys):
-    """`fedpriv report` on a store whose experiment.json, summary.json or audit.json holds a
-    random JSON value somewhere: a report or one line, and nothing written outside the store."""
-    root = tmp_path_factory.mktemp("store")
+def _report_a_store_with(root: Path, name: str, where: tuple, value: Any, capsys) -> tuple[int, str]:
+    """`fedpriv report` on a copy of STORE (under ``root``) whose ``name`` holds ``value`` at
+    ``where``: its exit code and stderr, checked to be a report or one line, and to write nothing
+    outside the store's report folder."""
     store = root / "store"
     shutil.copytree(STORE, store, ignore=shutil.ignore_patterns("privacy_ledger.json"))  # (ledgers: below; their curves take seconds)
-    name = data.draw(st.sampled_from(STORE_FILES), label="file")
     doc = json.loads((store / name).read_text())
-    where = data.draw(st.sampled_from(_json_paths(doc)), label="path")
-    value = data.draw(JSON_VALUES, label="value")
     (store / name).write_text(json.dumps(value if not where else _set(doc, where, value)))
     before = _tree(root)
     code = main(["report", str(store)])
@@ -341,6 +335,32 @@ def test_fuzzed_run_store_files_are_reported_or_refused_in_one_line(data, tmp_pa
     assert code in (0, 2), err
     assert code == 0 or (err.count("\n") == 1 and "internal error" not in err), err
     assert {k: v for k, v in _tree(root).items() if not k.startswith("store/report/") and k != f"store/{LOCK}"} == before  # (report holds the store's lock)
+    return code, err
+
+
+@pytest.mark.slow
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_run_store_files_are_reported_or_refused_in_one_line(data, tmp_path_factory, capsys):
+    """`fedpriv report` on a store whose experiment.json, summary.json or audit.json holds a
+    random JSON value somewhere: a report or one line, and nothing written outside the store."""
+    name = data.draw(st.sampled_from(STORE_FILES), label="file")
+    doc = json.loads((STORE / name).read_text())
+    where = data.draw(st.sampled_from(_json_paths(doc)), label="path")
+    _report_a_store_with(tmp_path_factory.mktemp("store"), name, where, data.draw(JSON_VALUES, label="value"), capsys)
+
+
+@pytest.mark.parametrize("where, value, refused", [
+    (("canaries", 0, "p_u_effective"), [], True),   # found by the fuzz test above: was a TypeError
+    (("canaries", 0, "p_u_effective"), "0.1", True),
+    (("canaries", 0, "p_u"), 0, False),              # a scaled p_u over a configured 0: labelled without a factor
+    (("canaries", 0, "p_u_effective"), None, False),
+])
+def test_a_canary_rows_scaled_p_u_is_checked_before_it_is_formatted(where, value, refused, tmp_path, capsys):
+    code, err = _report_a_store_with(tmp_path, "dp-sgd/audit.json", where, value, capsys)
+    assert code == (2 if refused else 0), err
+    if refused:
+        assert "dp-sgd/audit.json" in err and "p_u_effective" in err, err
 
 
 @settings(max_examples=150, deadline=None)

@@ -100,7 +100,10 @@ def configuration_label(row: Any) -> str:
     pattern canaries); when planting scaled p_u (``p_u_effective``), the scaled value with the
     configured one and the factor: ``p_u=0.00145 (2e-05 x72.4) p_e=0.01``."""
     pu, eff = row["p_u"], row.get("p_u_effective")
-    scaled = f"p_u={eff:.3g} ({pu:.3g} x{eff / pu:.3g})" if eff is not None and f"{eff:.3g}" != f"{pu:.3g}" else f"p_u={pu:.3g}"
+    if eff is None or f"{eff:.3g}" == f"{pu:.3g}":
+        scaled = f"p_u={pu:.3g}"
+    else:
+        scaled = f"p_u={eff:.3g} ({pu:.3g} x{eff / pu:.3g})" if pu else f"p_u={eff:.3g} ({pu:.3g})"
     return (f"{row['pattern']} " if row.get("pattern") else "") + f"{scaled} p_e={row['p_e']:.3g}"
 
 
