@@ -43,6 +43,7 @@ from dp_accounting import pld as dp_pld
 from dp_accounting import rdp as dp_rdp
 
 from fedpriv.errors import PrivacyParameterError
+from fedpriv.privacy.rdp_wor import rdp_sample_wor_gaussian
 
 Sampling = Literal["poisson", "fixed", "none"]
 Unit = Literal["example", "user"]
@@ -244,10 +245,18 @@ def supports_pld(events: list[GaussianSteps]) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _rdp_of_event(event: dp_accounting.DpEvent, relation: dp_accounting.NeighboringRelation) -> np.ndarray:
     """The RDP vector (at :data:`RDP_ORDERS`) of one event, from dp_accounting's RdpAccountant
-    (remembered: read-only; an RDP of sampling without replacement costs about 0.4 s of CPU)."""
-    acc = dp_rdp.RdpAccountant(RDP_ORDERS, relation)
-    acc.compose(event)
-    rdp = acc.rdp.copy()
+    (remembered: read-only). Sampling without replacement, a fraction of a second of CPU per event
+    even so, goes through :func:`rdp_sample_wor_gaussian`: dp_accounting's formula and operations,
+    the same floats, 2-3x faster."""
+    sigma = dp_rdp.rdp_privacy_accountant._effective_gaussian_noise_multiplier(event.event) if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent) else None
+    if isinstance(sigma, float) and relation is dp_accounting.NeighboringRelation.REPLACE_ONE:
+        orders = np.array(RDP_ORDERS)  # what RdpAccountant.compose does for this event, step by step
+        rdp = np.zeros_like(RDP_ORDERS, dtype=np.float64)
+        rdp += 1 * rdp_sample_wor_gaussian(q=event.sample_size / event.source_dataset_size, sigma=sigma, orders=orders)
+    else:
+        acc = dp_rdp.RdpAccountant(RDP_ORDERS, relation)
+        acc.compose(event)
+        rdp = acc.rdp.copy()
     rdp.flags.writeable = False
     return rdp
 
