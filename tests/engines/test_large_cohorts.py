@@ -180,7 +180,8 @@ print(json.dumps(out))
 @pytest.mark.slow
 def test_forced_host_devices_give_the_single_device_result_in_a_fresh_process(tmp_path):
     cfg = write_config(tmp_path, extra=DP + '\nvectorize = "scan"')
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(ROOT)}
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_force_host_platform_device_count")]  # the suite's other flags (conftest)
+    env = {**os.environ, "XLA_FLAGS": " ".join([*kept, "--xla_force_host_platform_device_count=4"]), "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", SUBPROCESS, str(cfg)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
