@@ -16,10 +16,10 @@ demo: $(STAMP)
 	$(VENV)/bin/fedpriv demo
 
 test: $(STAMP)
-	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder -q
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -n 3 --dist loadfile --no-loadscope-reorder -q -m "not slow"
+	$(PY) -m pytest -n 2 --dist loadfile --no-loadscope-reorder -q -m "not slow"
 
 bench: $(STAMP)
 	$(PY) benchmarks/synthetic_corpus.py --preset stackoverflow --users-to-sample 5000

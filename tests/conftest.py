@@ -22,13 +22,10 @@ that runs Flower simulations takes ``flower_on_shared_ray`` (or ``shared_ray``, 
 connect to one Ray cluster per test module instead of starting and stopping one each
 (tests/ray_cluster.py).
 
-Scheduling under ``make test`` (``pytest -n 3 --dist loadfile --no-loadscope-reorder``): a test
+Scheduling under ``make test`` (``pytest -n 2 --dist loadfile --no-loadscope-reorder``): a test
 file runs whole on one worker, so a module-scoped fixture (a trained store, a prepared corpus) is
 built once; files are handed out in the order set here, the ones with the most slow tests first,
-so the run does not end with one worker on a long file while the others idle. Three workers on
-the 2-core CI machine, not two: the slow tests wait much of their time (Flower's SuperLink and
-SuperNodes, Ray actors starting, subprocesses, heartbeats); with two workers the suite's own
-processes used 53% of 2 cores over the first 7.5 minutes (sampled from /proc/stat every 5 s). (pytest-xdist
+so the run does not end with one worker on a long file while the other idles. (pytest-xdist
 3.8's ``loadgroup`` does not group under pytest 9: it rewrites ``item._nodeid``, which pytest 9
 no longer reads.)
 """
