@@ -125,10 +125,11 @@ _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an inte
 
 
 class Obj:
-    """The shape of a JSON object: ``fields`` (key -> shape, checked where present), ``required`` keys."""
+    """The shape of a JSON object: ``fields`` (key -> shape, checked where present), ``required`` keys;
+    ``or_null``: null is accepted too."""
 
-    def __init__(self, fields: dict[str, Any], required: tuple[str, ...] = ()):
-        self.fields, self.required = fields, required
+    def __init__(self, fields: dict[str, Any], required: tuple[str, ...] = (), or_null: bool = False):
+        self.fields, self.required, self.or_null = fields, required, or_null
 
 
 class Each:
@@ -152,7 +153,7 @@ def _shape_problem(obj: Any, shape: Any, where: str) -> str | None:
             return None
         want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in shape)
         return f"{where or 'the file'} must be {want}, got {json.dumps(obj)[:40]}"
-    if isinstance(shape, Each) and shape.or_null and obj is None:
+    if isinstance(shape, (Each, Obj)) and shape.or_null and obj is None:
         return None
     container = list if isinstance(shape, Each) and shape.list_ else dict
     if not isinstance(obj, container):
@@ -232,7 +233,9 @@ SUMMARY_SHAPE = Obj({
 CHECKPOINT_SHAPE = Obj({"step": (int,), "kind": (str,), "pending": (list,), "state_file": (str,)}, ("step", "state_file"))
 RUN_RECORD = Obj({
     "name": (str,), "kind": (str,), "group": STR_OR_NULL, "seed": NUM_OR_NULL, "tune": (dict,), "tune_fraction": NUM,
-    "config": Obj({"privacy": (dict, type(None)), "federated": (dict, type(None))}),
+    # what the report reads of a run's config: a public split, the accountant of its epsilon
+    "config": Obj({"data": Obj({"public_fraction": NUM_OR_NULL}, or_null=True), "privacy": Obj({"accountant": STR_OR_NULL}, or_null=True),
+                   "federated": Obj({"dp": Obj({"accountant": STR_OR_NULL}, or_null=True)}, or_null=True)}),
 }, ("name", "kind", "config"))
 CONTRAST = Obj({"name": (str,), "a": (str,), "b": (str,)}, ("name", "a", "b"))
 STORE_RECORD = Obj({"name": (str,), "runs": Each(RUN_RECORD, list_=True), "contrasts": Each(CONTRAST, list_=True)}, ("name", "runs"))

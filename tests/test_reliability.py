@@ -363,6 +363,25 @@ def test_a_canary_rows_scaled_p_u_is_checked_before_it_is_formatted(where, value
         assert "dp-sgd/audit.json" in err and "p_u_effective" in err, err
 
 
+@pytest.mark.parametrize("where, value, refused", [
+    (("runs", 0, "config", "data"), [1], True),                          # was an AttributeError (has_public_split)
+    (("runs", 0, "config", "data", "public_fraction"), "abc", True),     # was a ValueError
+    (("runs", 0, "config", "data", "public_fraction"), [0.5], True),     # was a TypeError
+    (("runs", 0, "config", "privacy", "accountant"), 5, True),           # the report's epsilon curves read it (run_accountant)
+    (("runs", 1, "config", "federated", "dp"), [1], True),               # ditto: was an AttributeError with a ledger
+    (("runs", 0, "config", "data", "public_fraction"), None, False),
+    (("runs", 0, "config", "data"), None, False),
+    (("runs", 1, "config", "federated", "dp"), None, False),             # FedAvg without DP
+])
+def test_a_run_records_config_is_checked_where_the_report_reads_it(where, value, refused, tmp_path, capsys):
+    """experiment.json: the keys of a run's config that the report reads (data.public_fraction,
+    the accountant of [privacy] or [federated.dp]) are checked when the store record is read."""
+    code, err = _report_a_store_with(tmp_path, "experiment.json", where, value, capsys)
+    assert code == (2 if refused else 0), err
+    if refused:
+        assert "experiment.json" in err and ".".join(str(k) for k in where[2:]) in err.replace("[0]", "").replace("[1]", ""), err
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_fuzzed_run_directory_files_are_read_or_refused(data):
