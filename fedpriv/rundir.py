@@ -134,10 +134,10 @@ class Obj:
 
 class Each:
     """The shape of a JSON object with any keys, or of a list (``list_=True``), each value of ``shape``;
-    ``or_null``: null is accepted too."""
+    ``or_null``: null is accepted too; ``fields``: keys of an object whose value has a shape of its own."""
 
-    def __init__(self, shape: Any, list_: bool = False, or_null: bool = False):
-        self.shape, self.list_, self.or_null = shape, list_, or_null
+    def __init__(self, shape: Any, list_: bool = False, or_null: bool = False, fields: dict[str, Any] | None = None):
+        self.shape, self.list_, self.or_null, self.fields = shape, list_, or_null, fields or {}
 
 
 def _is(value: Any, types: tuple[type, ...]) -> bool:
@@ -161,7 +161,8 @@ def _shape_problem(obj: Any, shape: Any, where: str) -> str | None:
     if isinstance(shape, Each):
         items = enumerate(obj) if shape.list_ else obj.items()
         for k, v in items:
-            problem = _shape_problem(v, shape.shape, f"{where}[{k!r}]" if shape.list_ else f"{where}.{k}".lstrip("."))
+            sub = shape.shape if shape.list_ else shape.fields.get(k, shape.shape)
+            problem = _shape_problem(v, sub, f"{where}[{k!r}]" if shape.list_ else f"{where}.{k}".lstrip("."))
             if problem:
                 return problem
         return None
@@ -210,7 +211,7 @@ CANARY_ROW = Obj({
     "exposure": NUM_OR_NULL, "exposure_extrapolated": NUM_OR_NULL, "rs_candidates": NUM_OR_NULL,
 }, ("p_u", "p_e"))
 AUDIT_SHAPE = Obj({
-    "task": (str,), "parameters": (str,), "run_dir": (str,), "settings": Each(SCALAR), "summary": AUDIT_SUMMARY,
+    "task": (str,), "parameters": (str,), "run_dir": (str,), "settings": Each(SCALAR, fields={"rs_candidates": NUM_OR_NULL}), "summary": AUDIT_SUMMARY,
     "canaries": Each(CANARY_ROW, list_=True), "extraction": Each(Each(NUM_OR_NULL), or_null=True),
 }, ("summary",))
 #: What the report and later stages read from ``summary.json`` (other keys are free-form).

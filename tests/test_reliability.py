@@ -364,6 +364,20 @@ def test_a_canary_rows_scaled_p_u_is_checked_before_it_is_formatted(where, value
 
 
 @pytest.mark.parametrize("where, value, refused", [
+    (("settings", "rs_candidates"), "abc", True),   # found by a sweep of the store files: the report's introduction formats it with ','
+    (("settings", "rs_candidates"), "", True),      # (was a ValueError)
+    (("settings", "rs_candidates"), None, False),
+    (("settings", "rs_candidates"), 1000, False),
+    (("settings", "rs_prefix"), [2], True),         # every other setting: a scalar, as before
+])
+def test_an_audits_settings_are_checked_before_they_are_formatted(where, value, refused, tmp_path, capsys):
+    code, err = _report_a_store_with(tmp_path, "dp-sgd/audit.json", where, value, capsys)
+    assert code == (2 if refused else 0), err
+    if refused:
+        assert "dp-sgd/audit.json" in err and f"settings.{where[-1]}" in err, err
+
+
+@pytest.mark.parametrize("where, value, refused", [
     (("runs", 0, "config", "data"), [1], True),                          # was an AttributeError (has_public_split)
     (("runs", 0, "config", "data", "public_fraction"), "abc", True),     # was a ValueError
     (("runs", 0, "config", "data", "public_fraction"), [0.5], True),     # was a TypeError
