@@ -207,9 +207,9 @@ TARGET_SHAPE = Obj({"metric": (str,), "value": NUM, "split": (str,), "reached": 
                    ("metric", "value", "reached"))
 CANARY_ROW = Obj({
     "id": (str, int), "p_u": NUM, "p_e": NUM, "p_u_effective": NUM_OR_NULL, "pattern": STR_OR_NULL, "sharers": NUM_OR_NULL,
-    "insertions": NUM_OR_NULL, "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
+    "insertions": (int,), "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
     "exposure": NUM_OR_NULL, "exposure_extrapolated": NUM_OR_NULL, "rs_candidates": NUM_OR_NULL,
-}, ("p_u", "p_e"))
+}, ("p_u", "p_e", "insertions"))  # (every audit writes its canaries' insertions; the exposure plot reads them)
 AUDIT_SHAPE = Obj({
     "task": (str,), "parameters": (str,), "run_dir": (str,), "settings": Each(SCALAR, fields={"rs_candidates": NUM_OR_NULL}), "summary": AUDIT_SUMMARY,
     "canaries": Each(CANARY_ROW, list_=True), "extraction": Each(Each(NUM_OR_NULL), or_null=True),

@@ -363,6 +363,24 @@ def test_a_canary_rows_scaled_p_u_is_checked_before_it_is_formatted(where, value
         assert "dp-sgd/audit.json" in err and "p_u_effective" in err, err
 
 
+@pytest.mark.parametrize("value, refused", [
+    (None, True),           # found by a sweep of the store files: the exposure plot takes int(insertions), was a TypeError
+    (float("nan"), True),   # was a ValueError
+    (float("inf"), True),   # was an OverflowError
+    (2.5, True),            # a count
+    ("missing", True),      # was a KeyError
+    (0, False),
+    (7, False),
+])
+def test_a_canary_rows_insertions_are_a_count(value, refused, tmp_path, capsys):
+    row = json.loads((STORE / "dp-sgd" / "audit.json").read_text())["canaries"][0]
+    row = {k: v for k, v in row.items() if k != "insertions"} if value == "missing" else {**row, "insertions": value}
+    code, err = _report_a_store_with(tmp_path, "dp-sgd/audit.json", ("canaries", 0), row, capsys)
+    assert code == (2 if refused else 0), err
+    if refused:
+        assert "dp-sgd/audit.json" in err and "insertions" in err, err
+
+
 @pytest.mark.parametrize("where, value, refused", [
     (("settings", "rs_candidates"), "abc", True),   # found by a sweep of the store files: the report's introduction formats it with ','
     (("settings", "rs_candidates"), "", True),      # (was a ValueError)
