@@ -181,6 +181,24 @@ def test_spill_failure_leaves_no_file(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("where, message", [
+    # found by a sweep of the loader options (spill_to="" and NUL: ValueError; a folder left a stray
+    # "<folder>.partial" behind; an unwritable place: sqlite3.OperationalError)
+    ("", "spill_to '': not a file path"),
+    ("a\x00b", "spill_to 'a\\x00b': not a file path"),
+    ("folder", "spill_to {tmp}/folder: not a file path (a folder is there)"),
+    ("file/s.sqlite", "spill_to {tmp}/file/s.sqlite: cannot write a corpus store there (unable to open database file)"),
+])
+def test_a_spill_target_that_cannot_be_written_is_refused_in_one_line(where, message, tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(FedprivError) as e:
+        FederatedCorpus.from_stream([("a", TextExample("x"))], "text", spill_to=str(tmp_path / where) if where.startswith(("folder", "file")) else where)
+    assert str(e.value) == message.format(tmp=tmp_path)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
 def test_tagged_examples_spill_round_trip(tmp_path):
     ex = TaggedExample(("Empire", "State"), ("B-location", "I-location"), 1.5)
     disk = FederatedCorpus.from_stream([("u", ex)], "tagged", spill_to=tmp_path / "t.sqlite")
