@@ -237,7 +237,8 @@ class TruncatedStore(UserStore):
         keep = np.asarray(base_counts, dtype=np.int64) > 0
         ids = base.user_ids()
         self._ids = tuple(ids) if keep.all() else tuple(u for u, k in zip(ids, keep) if k)
-        self._counts = np.minimum(np.asarray(base_counts, dtype=np.int64)[keep], max_examples)
+        counts = np.asarray(base_counts, dtype=np.int64)[keep]
+        self._counts = np.minimum(counts, max_examples) if max_examples < np.iinfo(np.int64).max else counts  # (a cap above int64: no cap)
 
     def user_ids(self) -> Sequence[str]:
         return self._ids

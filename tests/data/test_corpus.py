@@ -134,6 +134,16 @@ def test_filters():
     assert [e.text for e in t.records()] == ["a b", "j k", "x"]
 
 
+@pytest.mark.parametrize("cap", [3, 2**63 - 1, 2**63, 2**70])
+def test_a_cap_above_every_users_count_keeps_every_example(cap):
+    """data.max_examples_per_user = 2**70 (found by a sweep of config values through `config check`)
+    was an OverflowError in numpy: a cap at or above the largest count keeps everything."""
+    c = small()
+    t = c.truncated(cap)
+    assert t.counts().tolist() == c.counts().tolist()
+    assert [e.text for e in t.records()] == [e.text for e in c.records()]
+
+
 def test_truncated_needs_no_pass_over_a_lazy_store_and_equals_map_users():
     from fedpriv.data.synthetic import load_synthetic
 
