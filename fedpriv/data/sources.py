@@ -172,7 +172,7 @@ def _check_option_types(fn: Callable[..., Any], options: dict[str, Any], what: s
     name goes used to end in a TypeError deep in the loader (an "internal error")."""
     try:
         params = inspect.signature(fn, eval_str=True).parameters
-    except NameError:  # an annotation names a type only imported for type checkers: the loader checks its values
+    except (NameError, AttributeError):  # an annotation names a type only imported for type checkers: the loader checks its values
         return
     for name, value in options.items():
         hint = params[name].annotation if name in params else inspect.Parameter.empty
