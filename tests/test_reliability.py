@@ -370,7 +370,6 @@ def test_a_canary_rows_scaled_p_u_is_checked_before_it_is_formatted(where, value
     (2.5, True),            # a count
     ("missing", True),      # was a KeyError
     (0, False),
-    (7, False),
 ])
 def test_a_canary_rows_insertions_are_a_count(value, refused, tmp_path, capsys):
     row = json.loads((STORE / "dp-sgd" / "audit.json").read_text())["canaries"][0]
@@ -385,7 +384,6 @@ def test_a_canary_rows_insertions_are_a_count(value, refused, tmp_path, capsys):
     (("settings", "rs_candidates"), "abc", True),   # found by a sweep of the store files: the report's introduction formats it with ','
     (("settings", "rs_candidates"), "", True),      # (was a ValueError)
     (("settings", "rs_candidates"), None, False),
-    (("settings", "rs_candidates"), 1000, False),
     (("settings", "rs_prefix"), [2], True),         # every other setting: a scalar, as before
 ])
 def test_an_audits_settings_are_checked_before_they_are_formatted(where, value, refused, tmp_path, capsys):
@@ -401,8 +399,6 @@ def test_an_audits_settings_are_checked_before_they_are_formatted(where, value, 
     (("runs", 0, "config", "data", "public_fraction"), [0.5], True),     # was a TypeError
     (("runs", 0, "config", "privacy", "accountant"), 5, True),           # the report's epsilon curves read it (run_accountant)
     (("runs", 1, "config", "federated", "dp"), [1], True),               # ditto: was an AttributeError with a ledger
-    (("runs", 0, "config", "data", "public_fraction"), None, False),
-    (("runs", 0, "config", "data"), None, False),
     (("runs", 1, "config", "federated", "dp"), None, False),             # FedAvg without DP
 ])
 def test_a_run_records_config_is_checked_where_the_report_reads_it(where, value, refused, tmp_path, capsys):
