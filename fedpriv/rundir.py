@@ -125,18 +125,19 @@ _TYPE_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an inte
 
 
 class Obj:
-    """The shape of a JSON object: ``fields`` (key -> shape, checked where present), ``required`` keys."""
+    """The shape of a JSON object: ``fields`` (key -> shape, checked where present), ``required`` keys;
+    ``or_null``: null is accepted too."""
 
-    def __init__(self, fields: dict[str, Any], required: tuple[str, ...] = ()):
-        self.fields, self.required = fields, required
+    def __init__(self, fields: dict[str, Any], required: tuple[str, ...] = (), or_null: bool = False):
+        self.fields, self.required, self.or_null = fields, required, or_null
 
 
 class Each:
     """The shape of a JSON object with any keys, or of a list (``list_=True``), each value of ``shape``;
-    ``or_null``: null is accepted too."""
+    ``or_null``: null is accepted too; ``fields``: keys of an object whose value has a shape of its own."""
 
-    def __init__(self, shape: Any, list_: bool = False, or_null: bool = False):
-        self.shape, self.list_, self.or_null = shape, list_, or_null
+    def __init__(self, shape: Any, list_: bool = False, or_null: bool = False, fields: dict[str, Any] | None = None):
+        self.shape, self.list_, self.or_null, self.fields = shape, list_, or_null, fields or {}
 
 
 def _is(value: Any, types: tuple[type, ...]) -> bool:
@@ -152,7 +153,7 @@ def _shape_problem(obj: Any, shape: Any, where: str) -> str | None:
             return None
         want = " or ".join(_TYPE_NAMES.get(t, t.__name__) for t in shape)
         return f"{where or 'the file'} must be {want}, got {json.dumps(obj)[:40]}"
-    if isinstance(shape, Each) and shape.or_null and obj is None:
+    if isinstance(shape, (Each, Obj)) and shape.or_null and obj is None:
         return None
     container = list if isinstance(shape, Each) and shape.list_ else dict
     if not isinstance(obj, container):
@@ -160,7 +161,8 @@ def _shape_problem(obj: Any, shape: Any, where: str) -> str | None:
     if isinstance(shape, Each):
         items = enumerate(obj) if shape.list_ else obj.items()
         for k, v in items:
-            problem = _shape_problem(v, shape.shape, f"{where}[{k!r}]" if shape.list_ else f"{where}.{k}".lstrip("."))
+            sub = shape.shape if shape.list_ else shape.fields.get(k, shape.shape)
+            problem = _shape_problem(v, sub, f"{where}[{k!r}]" if shape.list_ else f"{where}.{k}".lstrip("."))
             if problem:
                 return problem
         return None
@@ -205,11 +207,11 @@ TARGET_SHAPE = Obj({"metric": (str,), "value": NUM, "split": (str,), "reached": 
                    ("metric", "value", "reached"))
 CANARY_ROW = Obj({
     "id": (str, int), "p_u": NUM, "p_e": NUM, "p_u_effective": NUM_OR_NULL, "pattern": STR_OR_NULL, "sharers": NUM_OR_NULL,
-    "insertions": NUM_OR_NULL, "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
+    "insertions": (int,), "rs_memorized": (bool, type(None)), "bs_memorized": (bool, type(None)), "rs_rank": NUM_OR_NULL, "rank": NUM_OR_NULL,
     "exposure": NUM_OR_NULL, "exposure_extrapolated": NUM_OR_NULL, "rs_candidates": NUM_OR_NULL,
-}, ("p_u", "p_e"))
+}, ("p_u", "p_e", "insertions"))  # (every audit writes its canaries' insertions; the exposure plot reads them)
 AUDIT_SHAPE = Obj({
-    "task": (str,), "parameters": (str,), "run_dir": (str,), "settings": Each(SCALAR), "summary": AUDIT_SUMMARY,
+    "task": (str,), "parameters": (str,), "run_dir": (str,), "settings": Each(SCALAR, fields={"rs_candidates": NUM_OR_NULL}), "summary": AUDIT_SUMMARY,
     "canaries": Each(CANARY_ROW, list_=True), "extraction": Each(Each(NUM_OR_NULL), or_null=True),
 }, ("summary",))
 #: What the report and later stages read from ``summary.json`` (other keys are free-form).
@@ -232,7 +234,9 @@ SUMMARY_SHAPE = Obj({
 CHECKPOINT_SHAPE = Obj({"step": (int,), "kind": (str,), "pending": (list,), "state_file": (str,)}, ("step", "state_file"))
 RUN_RECORD = Obj({
     "name": (str,), "kind": (str,), "group": STR_OR_NULL, "seed": NUM_OR_NULL, "tune": (dict,), "tune_fraction": NUM,
-    "config": Obj({"privacy": (dict, type(None)), "federated": (dict, type(None))}),
+    # what the report reads of a run's config: a public split, the accountant of its epsilon
+    "config": Obj({"data": Obj({"public_fraction": NUM_OR_NULL}, or_null=True), "privacy": Obj({"accountant": STR_OR_NULL}, or_null=True),
+                   "federated": Obj({"dp": Obj({"accountant": STR_OR_NULL}, or_null=True)}, or_null=True)}),
 }, ("name", "kind", "config"))
 CONTRAST = Obj({"name": (str,), "a": (str,), "b": (str,)}, ("name", "a", "b"))
 STORE_RECORD = Obj({"name": (str,), "runs": Each(RUN_RECORD, list_=True), "contrasts": Each(CONTRAST, list_=True)}, ("name", "runs"))

@@ -363,6 +363,53 @@ def test_a_canary_rows_scaled_p_u_is_checked_before_it_is_formatted(where, value
         assert "dp-sgd/audit.json" in err and "p_u_effective" in err, err
 
 
+@pytest.mark.parametrize("value, refused", [
+    (None, True),           # found by a sweep of the store files: the exposure plot takes int(insertions), was a TypeError
+    (float("nan"), True),   # was a ValueError
+    (float("inf"), True),   # was an OverflowError
+    (2.5, True),            # a count
+    ("missing", True),      # was a KeyError
+    (0, False),
+])
+def test_a_canary_rows_insertions_are_a_count(value, refused, tmp_path, capsys):
+    row = json.loads((STORE / "dp-sgd" / "audit.json").read_text())["canaries"][0]
+    row = {k: v for k, v in row.items() if k != "insertions"} if value == "missing" else {**row, "insertions": value}
+    code, err = _report_a_store_with(tmp_path, "dp-sgd/audit.json", ("canaries", 0), row, capsys)
+    assert code == (2 if refused else 0), err
+    if refused:
+        assert "dp-sgd/audit.json" in err and "insertions" in err, err
+
+
+@pytest.mark.parametrize("where, value, refused", [
+    (("settings", "rs_candidates"), "abc", True),   # found by a sweep of the store files: the report's introduction formats it with ','
+    (("settings", "rs_candidates"), "", True),      # (was a ValueError)
+    (("settings", "rs_candidates"), None, False),
+    (("settings", "rs_prefix"), [2], True),         # every other setting: a scalar, as before
+])
+def test_an_audits_settings_are_checked_before_they_are_formatted(where, value, refused, tmp_path, capsys):
+    code, err = _report_a_store_with(tmp_path, "dp-sgd/audit.json", where, value, capsys)
+    assert code == (2 if refused else 0), err
+    if refused:
+        assert "dp-sgd/audit.json" in err and f"settings.{where[-1]}" in err, err
+
+
+@pytest.mark.parametrize("where, value, refused", [
+    (("runs", 0, "config", "data"), [1], True),                          # was an AttributeError (has_public_split)
+    (("runs", 0, "config", "data", "public_fraction"), "abc", True),     # was a ValueError
+    (("runs", 0, "config", "data", "public_fraction"), [0.5], True),     # was a TypeError
+    (("runs", 0, "config", "privacy", "accountant"), 5, True),           # the report's epsilon curves read it (run_accountant)
+    (("runs", 1, "config", "federated", "dp"), [1], True),               # ditto: was an AttributeError with a ledger
+    (("runs", 1, "config", "federated", "dp"), None, False),             # FedAvg without DP
+])
+def test_a_run_records_config_is_checked_where_the_report_reads_it(where, value, refused, tmp_path, capsys):
+    """experiment.json: the keys of a run's config that the report reads (data.public_fraction,
+    the accountant of [privacy] or [federated.dp]) are checked when the store record is read."""
+    code, err = _report_a_store_with(tmp_path, "experiment.json", where, value, capsys)
+    assert code == (2 if refused else 0), err
+    if refused:
+        assert "experiment.json" in err and ".".join(str(k) for k in where[2:]) in err.replace("[0]", "").replace("[1]", ""), err
+
+
 @settings(max_examples=150, deadline=None)
 @given(data=st.data())
 def test_fuzzed_run_directory_files_are_read_or_refused(data):

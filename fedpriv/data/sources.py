@@ -29,7 +29,12 @@ through to the loader; an option the loader does not take is refused by name.
 
 from __future__ import annotations
 
+import collections.abc
 import inspect
+import json
+import os
+import types
+import typing
 from pathlib import Path
 from typing import Any, Callable
 
@@ -123,6 +128,61 @@ def _loader(fmt: str) -> Callable[..., FederatedCorpus]:
     raise SourceError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
 
 
+def _type_name(hint: Any) -> str | None:
+    """What ``hint`` (a loader parameter's annotation) accepts, in words; None for a type this
+    check does not know (the loader checks it)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in args if a is not os.PathLike and typing.get_origin(a) is not os.PathLike]
+        return None if None in names else " or ".join(dict.fromkeys(names))  # type: ignore[arg-type]
+    if origin is typing.Literal:
+        return " or ".join(repr(a) for a in args)
+    if origin in (tuple, list, collections.abc.Sequence, collections.abc.Collection):
+        item = _type_name(args[0]) if args else "anything"
+        return None if item is None else f"a list (each {item})"
+    if origin is collections.abc.Callable or hint is collections.abc.Callable:
+        return "a function"
+    return {str: "a string", bool: "true or false", int: "an integer", float: "a number", type(None): "null", Any: "anything"}.get(hint)
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """``value`` is of the type ``hint`` names (see :func:`_type_name`)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is typing.Literal:
+        return any(value == a and type(value) is type(a) for a in args)
+    if origin in (tuple, list, collections.abc.Sequence, collections.abc.Collection):
+        return isinstance(value, (list, tuple)) and (not args or all(_fits(v, args[0]) for v in value))
+    if origin is collections.abc.Callable or hint is collections.abc.Callable:
+        return callable(value)
+    if hint is os.PathLike or origin is os.PathLike:
+        return isinstance(value, os.PathLike)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint in (str, bool, type(None)):
+        return isinstance(value, hint)
+    return hint is Any or not isinstance(hint, type) or isinstance(value, hint)
+
+
+def _check_option_types(fn: Callable[..., Any], options: dict[str, Any], what: str) -> None:
+    """Each option of the type the loader's signature names: a list or a number where a column
+    name goes used to end in a TypeError deep in the loader (an "internal error")."""
+    try:
+        params = inspect.signature(fn, eval_str=True).parameters
+    except (NameError, AttributeError):  # an annotation names a type only imported for type checkers: the loader checks its values
+        return
+    for name, value in options.items():
+        hint = params[name].annotation if name in params else inspect.Parameter.empty
+        if hint is inspect.Parameter.empty:
+            continue
+        want = _type_name(hint)
+        if want is not None and not _fits(value, hint):
+            raise SourceError(f"{what}: option {name} must be {want}, got {json.dumps(value, default=repr)[:40]}")
+
+
 def _check_options(fn: Callable[..., Any], options: dict[str, Any], what: str) -> None:
     params = inspect.signature(fn).parameters
     missing = [n for n, p in params.items() if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is inspect.Parameter.empty and n not in options]
@@ -134,6 +194,7 @@ def _check_options(fn: Callable[..., Any], options: dict[str, Any], what: str) -
     if unknown:
         allowed = [n for n in params if n not in ("path", "dataset_or_path", "spec_or_config", "format")]
         raise SourceError(f"{what}: unknown option(s) {', '.join(unknown)}; this source takes {', '.join(allowed) or 'none'}")
+    _check_option_types(fn, options, what)
 
 
 def split_format(format: str | None, options: dict[str, Any]) -> tuple[str | None, dict[str, Any]]:

@@ -103,12 +103,20 @@ class SqliteStore(UserStore):
     def build(
         cls, path: str | os.PathLike[str], stream: Iterable[tuple[str, Example]], kind: Kind
     ) -> "SqliteStore":
-        """Write ``stream`` to a new SQLite file at ``path`` (written to a temp name, then renamed)."""
+        """Write ``stream`` to a new SQLite file at ``path`` (written to a temp name, then renamed);
+        FedprivError, and nothing left, when it cannot be written there."""
+        if not str(path) or "\x00" in str(path):
+            raise FedprivError(f"spill_to {str(path)!r}: not a file path")
         path = Path(path)
+        if path.is_dir():
+            raise FedprivError(f"spill_to {path}: not a file path (a folder is there)")
         tmp = path.with_name(path.name + ".partial")
         if tmp.exists():
             tmp.unlink()
-        con = sqlite3.connect(str(tmp))
+        try:
+            con = sqlite3.connect(str(tmp))
+        except sqlite3.Error as e:
+            raise FedprivError(f"spill_to {path}: cannot write a corpus store there ({e})") from None
         try:
             con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
             con.execute("CREATE TABLE examples (user_id TEXT, seq INTEGER, payload TEXT)")
@@ -130,9 +138,11 @@ class SqliteStore(UserStore):
                 raise EmptyCorpusError("the source produced no examples")
             con.execute("CREATE INDEX by_user ON examples (user_id, seq)")
             con.commit()
-        except BaseException:
+        except BaseException as e:
             con.close()
             tmp.unlink(missing_ok=True)
+            if isinstance(e, sqlite3.Error):
+                raise FedprivError(f"spill_to {path}: cannot write a corpus store there ({e})") from None
             raise
         con.close()
         os.replace(tmp, path)
@@ -227,7 +237,8 @@ class TruncatedStore(UserStore):
         keep = np.asarray(base_counts, dtype=np.int64) > 0
         ids = base.user_ids()
         self._ids = tuple(ids) if keep.all() else tuple(u for u, k in zip(ids, keep) if k)
-        self._counts = np.minimum(np.asarray(base_counts, dtype=np.int64)[keep], max_examples)
+        counts = np.asarray(base_counts, dtype=np.int64)[keep]
+        self._counts = np.minimum(counts, max_examples) if max_examples < np.iinfo(np.int64).max else counts  # (a cap above int64: no cap)
 
     def user_ids(self) -> Sequence[str]:
         return self._ids

@@ -34,6 +34,7 @@ from collections.abc import Callable
 
 import functools
 import math
+import numbers
 from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
@@ -75,6 +76,11 @@ def _check(ok: bool, message: str) -> None:
         raise PrivacyParameterError(message)
 
 
+def _whole(x: object) -> bool:
+    """``x`` is a whole number (an integer, or a real such as 4.0; not inf or nan, which int() cannot take)."""
+    return isinstance(x, numbers.Integral) or (isinstance(x, numbers.Real) and math.isfinite(x) and int(x) == x)
+
+
 @dataclass(frozen=True)
 class GaussianSteps:
     """``steps`` identical steps/rounds of the (sampled) Gaussian mechanism.
@@ -109,11 +115,8 @@ class GaussianSteps:
         )
         _check(isinstance(self.population, int) and self.population >= 1, f"population (N) must be an integer >= 1, got {self.population}")
         _check(isinstance(self.steps, int) and self.steps >= 1, f"steps must be an integer >= 1, got {self.steps}")
-        _check(int(self.noised_shards) == self.noised_shards and self.noised_shards >= 1, f"noised_shards (P) must be an integer >= 1, got {self.noised_shards}")
-        _check(
-            int(self.noised_micro_steps) == self.noised_micro_steps and self.noised_micro_steps >= 1,
-            f"noised_micro_steps (T) must be an integer >= 1, got {self.noised_micro_steps}",
-        )
+        _check(_whole(self.noised_shards) and self.noised_shards >= 1, f"noised_shards (P) must be an integer >= 1, got {self.noised_shards}")
+        _check(_whole(self.noised_micro_steps) and self.noised_micro_steps >= 1, f"noised_micro_steps (T) must be an integer >= 1, got {self.noised_micro_steps}")
         if self.sampling == "none":
             _check(self.batch == self.population, f"with no sampling the batch is the whole population: batch must be {self.population}, got {self.batch}")
         _check(self.batch > 0, f"batch must be > 0, got {self.batch}")

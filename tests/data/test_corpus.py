@@ -134,6 +134,16 @@ def test_filters():
     assert [e.text for e in t.records()] == ["a b", "j k", "x"]
 
 
+@pytest.mark.parametrize("cap", [3, 2**63 - 1, 2**63, 2**70])
+def test_a_cap_above_every_users_count_keeps_every_example(cap):
+    """data.max_examples_per_user = 2**70 (found by a sweep of config values through `config check`)
+    was an OverflowError in numpy: a cap at or above the largest count keeps everything."""
+    c = small()
+    t = c.truncated(cap)
+    assert t.counts().tolist() == c.counts().tolist()
+    assert [e.text for e in t.records()] == [e.text for e in c.records()]
+
+
 def test_truncated_needs_no_pass_over_a_lazy_store_and_equals_map_users():
     from fedpriv.data.synthetic import load_synthetic
 
@@ -179,6 +189,24 @@ def test_spill_failure_leaves_no_file(tmp_path):
     with pytest.raises(FedprivError, match="source broke"):
         FederatedCorpus.from_stream(bad_stream(), "text", spill_to=target)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("where, message", [
+    # found by a sweep of the loader options (spill_to="" and NUL: ValueError; a folder left a stray
+    # "<folder>.partial" behind; an unwritable place: sqlite3.OperationalError)
+    ("", "spill_to '': not a file path"),
+    ("a\x00b", "spill_to 'a\\x00b': not a file path"),
+    ("folder", "spill_to {tmp}/folder: not a file path (a folder is there)"),
+    ("file/s.sqlite", "spill_to {tmp}/file/s.sqlite: cannot write a corpus store there (unable to open database file)"),
+])
+def test_a_spill_target_that_cannot_be_written_is_refused_in_one_line(where, message, tmp_path):
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    before = sorted(tmp_path.rglob("*"))
+    with pytest.raises(FedprivError) as e:
+        FederatedCorpus.from_stream([("a", TextExample("x"))], "text", spill_to=str(tmp_path / where) if where.startswith(("folder", "file")) else where)
+    assert str(e.value) == message.format(tmp=tmp_path)
+    assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_tagged_examples_spill_round_trip(tmp_path):

@@ -168,6 +168,10 @@ def test_batch_sweep_scales_sigma_with_sqrt_b():
         (dict(batch=10.5), "whole number"),
         (dict(noised_shards=0), "noised_shards"),
         (dict(noised_micro_steps=0), "noised_micro_steps"),
+        (dict(noised_shards=float("inf")), "noised_shards"),        # a ledger entry's Infinity: was an OverflowError (found by a
+        (dict(noised_micro_steps=float("inf")), "noised_micro_steps"),  # sweep of the run-directory files' values)
+        (dict(noised_shards=float("nan")), "noised_shards"),
+        (dict(noised_shards=2.5), "noised_shards"),
         (dict(sampling="sometimes"), "sampling"),
     ],
 )
