@@ -45,7 +45,7 @@ import functools
 import math
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -53,7 +53,6 @@ import numpy as np
 import optax
 
 from fedpriv.central.sgd import CentralStepper
-from fedpriv.central.users import UserBatches
 from fedpriv.config import PrivacyConfig, TrainingConfig, amplified_groups
 from fedpriv.errors import FedprivError, PrivacyParameterError
 from fedpriv.privacy.accounting import GaussianSteps
@@ -67,6 +66,9 @@ from fedpriv.privacy.streams import CORRELATED_NOISE, STEP, NoiseSeed, stream_ke
 from fedpriv.rundir import LEDGER, RunDir
 from fedpriv.tasks.base import Batch, Task
 from fedpriv.training.loop import gather
+
+if TYPE_CHECKING:
+    from fedpriv.central.users import UserBatches
 
 
 class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
@@ -98,6 +100,8 @@ class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
         if dp.unit == "user":
             if user_counts is None:
                 raise FedprivError("user-level DP-SGD needs the training users' example counts")
+            from fedpriv.central.users import UserBatches  # with jax_privacy: imported when used (docs/architecture.md, "Imports")
+
             self.user_batches = UserBatches(user_counts, self.sampling, b_logical, total_steps, dp.examples_per_user, self.noise.entropy, groups)
             n, self.group = self.user_batches.num_users, dp.examples_per_user
             self.batch_unit = "users"

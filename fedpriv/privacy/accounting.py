@@ -36,15 +36,18 @@ import functools
 import math
 import numbers
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import dp_accounting
 import numpy as np
-from dp_accounting import pld as dp_pld
-from dp_accounting import rdp as dp_rdp
 
 from fedpriv.errors import PrivacyParameterError
-from fedpriv.privacy.rdp_wor import rdp_sample_wor_gaussian
+
+if TYPE_CHECKING:
+    import dp_accounting
+
+# dp_accounting (with scipy.signal and scipy.stats: about 1.5 s) is imported where an epsilon is
+# computed, not here: every CLI command, ClientApp process and Ray actor imports this module,
+# most of them never account (docs/architecture.md, "Imports").
 
 Sampling = Literal["poisson", "fixed", "none"]
 Unit = Literal["example", "user"]
@@ -52,7 +55,9 @@ AccountantName = Literal["rdp", "pld"]
 
 ADD_OR_REMOVE = "add-or-remove-one"
 REPLACE_ONE = "replace-one"
-RDP_ORDERS = tuple(dp_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS) + (2048, 4096)
+#: dp_accounting's DEFAULT_RDP_ORDERS (written out the same way; tests/privacy/test_accounting.py
+#: checks they are equal) and two higher orders for small epsilons over many steps.
+RDP_ORDERS = tuple([1 + x / 10.0 for x in range(1, 100)] + list(range(11, 64)) + [128, 256, 512, 1024]) + (2048, 4096)
 PLD_DISCRETIZATION = 1e-4
 MIN_NOISE_MULTIPLIER = 1e-3
 #: Above it epsilon is 0 to float precision, and the RDP accountant's sigma**2 overflows near 1e154.
@@ -163,6 +168,8 @@ class GaussianSteps:
 
     def dp_event(self) -> dp_accounting.DpEvent:
         """The dp-accounting event of all ``steps`` (Gaussian std relative to the sensitivity)."""
+        import dp_accounting
+
         gaussian = dp_accounting.GaussianDpEvent(self.effective_noise_multiplier / self.sensitivity_in_clip_norms)
         if self.sampling == "poisson":
             one = dp_accounting.PoissonSampledDpEvent(self.sampling_probability, gaussian)
@@ -221,6 +228,8 @@ def check_epsilon(epsilon: float) -> None:
 
 
 def _relation_enum(relation: str) -> dp_accounting.NeighboringRelation:
+    import dp_accounting
+
     return dp_accounting.NeighboringRelation.REPLACE_ONE if relation == REPLACE_ONE else dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
 
 
@@ -251,13 +260,17 @@ def _rdp_of_event(event: dp_accounting.DpEvent, relation: dp_accounting.Neighbor
     (remembered: read-only). Sampling without replacement, a fraction of a second of CPU per event
     even so, goes through :func:`rdp_sample_wor_gaussian`: dp_accounting's formula and operations,
     the same floats, 2-3x faster."""
-    sigma = dp_rdp.rdp_privacy_accountant._effective_gaussian_noise_multiplier(event.event) if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent) else None
+    import dp_accounting
+
+    from fedpriv.privacy.rdp_wor import rdp_sample_wor_gaussian
+
+    sigma = dp_accounting.rdp.rdp_privacy_accountant._effective_gaussian_noise_multiplier(event.event) if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent) else None
     if isinstance(sigma, float) and relation is dp_accounting.NeighboringRelation.REPLACE_ONE:
         orders = np.array(RDP_ORDERS)  # what RdpAccountant.compose does for this event, step by step
         rdp = np.zeros_like(RDP_ORDERS, dtype=np.float64)
         rdp += 1 * rdp_sample_wor_gaussian(q=event.sample_size / event.source_dataset_size, sigma=sigma, orders=orders)
     else:
-        acc = dp_rdp.RdpAccountant(RDP_ORDERS, relation)
+        acc = dp_accounting.rdp.RdpAccountant(RDP_ORDERS, relation)
         acc.compose(event)
         rdp = acc.rdp.copy()
     rdp.flags.writeable = False
@@ -278,6 +291,8 @@ class ComposedRdp:
             self._add(e.dp_event(), 1, relation)
 
     def _add(self, event: dp_accounting.DpEvent, count: int, relation: dp_accounting.NeighboringRelation) -> None:
+        import dp_accounting
+
         if isinstance(event, dp_accounting.SelfComposedDpEvent):
             self._add(event.event, event.count * count, relation)
         elif isinstance(event, dp_accounting.ComposedDpEvent):
@@ -291,10 +306,14 @@ class ComposedRdp:
             self.rdp += count * rdp
 
     def get_epsilon_and_optimal_order(self, delta: float) -> tuple[float, float]:
-        return dp_rdp.rdp_privacy_accountant.compute_epsilon(self.orders, self.rdp, delta)
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        return rdp_privacy_accountant.compute_epsilon(self.orders, self.rdp, delta)
 
     def get_delta_and_optimal_order(self, epsilon: float) -> tuple[float, float]:
-        return dp_rdp.rdp_privacy_accountant.compute_delta(self.orders, self.rdp, epsilon)
+        from dp_accounting.rdp import rdp_privacy_accountant
+
+        return rdp_privacy_accountant.compute_delta(self.orders, self.rdp, epsilon)
 
 
 def _accountant(events: list[GaussianSteps], which: AccountantName):
@@ -304,7 +323,9 @@ def _accountant(events: list[GaussianSteps], which: AccountantName):
     elif which == "pld":
         _check(supports_pld(events), "the PLD accountant does not cover sampling without replacement (fixed-size batches; docs/privacy.md says why); use RDP")
         check_pld_cost(events)
-        acc = dp_pld.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
+        from dp_accounting.pld import PLDAccountant
+
+        acc = PLDAccountant(relation, value_discretization_interval=PLD_DISCRETIZATION)
     else:
         raise PrivacyParameterError(f"accountant must be 'rdp' or 'pld', got {which!r}")
     for e in events:

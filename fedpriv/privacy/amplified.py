@@ -36,19 +36,21 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, replace
 
-import dp_accounting
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax_privacy.batch_selection import CyclicPoissonSampling, PartitionType
-from jax_privacy.experimental.accounting import amplified_bandmf_event
-from jax_privacy.matrix_factorization import toeplitz
 
 from fedpriv.errors import PrivacyParameterError
 from fedpriv.privacy.accounting import ADD_OR_REMOVE, MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from fedpriv.privacy.correlated import Strategy, make_strategy
+
+# dp_accounting and jax_privacy (about 1.5 s to import) are imported where used: docs/architecture.md, "Imports".
+if TYPE_CHECKING:
+    import dp_accounting
+    from jax_privacy.batch_selection import CyclicPoissonSampling
 
 #: numpy entropy of the cyclic Poisson sampler: ``default_rng([seed, CYCLIC_POISSON_STREAM])``.
 CYCLIC_POISSON_STREAM = 0xC1C1E_9015
@@ -107,6 +109,8 @@ class CyclicPoissonSchedule:
     @property
     def selection(self) -> CyclicPoissonSampling:
         """jax-privacy's batch selection of this schedule (steps + 1 batches: steps 0..n)."""
+        from jax_privacy.batch_selection import CyclicPoissonSampling, PartitionType
+
         return CyclicPoissonSampling(
             sampling_prob=self.sampling_probability, iterations=self.steps + 1, cycle_length=self.groups, partition_type=PartitionType.INDEPENDENT
         )
@@ -146,6 +150,8 @@ class CyclicPoissonSchedule:
 def column_norm(coefs: tuple[float, ...], steps: int) -> float:
     """c_max: the largest L2 column norm of the n x n banded Toeplitz C with first-column bands
     ``coefs`` (jax-privacy's single-participation ``toeplitz.sensitivity_squared``, float64)."""
+    from jax_privacy.matrix_factorization import toeplitz
+
     with jax.enable_x64(True):
         return math.sqrt(float(toeplitz.sensitivity_squared(jnp.asarray(coefs, jnp.float64), n=int(steps))))
 
@@ -249,6 +255,8 @@ class AmplifiedBandMF:
         )
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        from jax_privacy.experimental.accounting import amplified_bandmf_event
+
         return amplified_bandmf_event(self.amplified_multiplier, self.steps, num_bands=self.groups, sampling_prob=self.sampling_probability)
 
     def with_steps(self, steps: int) -> "AmplifiedBandMF":

@@ -35,16 +35,20 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field, replace
 
-import dp_accounting
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax_privacy.matrix_factorization import buffered_toeplitz, streaming_matrix, toeplitz
 
 from fedpriv.errors import PrivacyParameterError
 from fedpriv.privacy.accounting import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
+
+# dp_accounting and jax_privacy (about 1.5 s to import) are imported where used: docs/architecture.md, "Imports".
+if TYPE_CHECKING:
+    import dp_accounting
+    from jax_privacy.matrix_factorization import streaming_matrix
 
 #: The noise mechanisms a ``[privacy]`` or ``[federated.dp]`` section may name.
 MECHANISMS = ("gaussian", "banded-mf", "blt")
@@ -153,6 +157,8 @@ class Strategy:
 
     def toeplitz_coefs(self, n: int) -> np.ndarray:
         """The first column of C over n steps (float64)."""
+        from jax_privacy.matrix_factorization import buffered_toeplitz
+
         if self.mechanism == "banded-mf":
             c = np.zeros(n)
             c[: min(n, len(self.coefs))] = self.coefs[:n]
@@ -163,6 +169,8 @@ class Strategy:
 
     def noising_matrix(self) -> streaming_matrix.StreamingMatrix:
         """C^-1 as a streaming matrix in float32 (applied to the model-shaped i.i.d. noise)."""
+        from jax_privacy.matrix_factorization import toeplitz
+
         if self.mechanism == "banded-mf":
             return toeplitz.inverse_as_streaming_matrix(jnp.asarray(self.coefs, jnp.float32))
         return blt_inverse(self.buf_decay, self.output_scale)
@@ -181,6 +189,8 @@ def blt_inverse(buf_decay, output_scale) -> streaming_matrix.StreamingMatrix:
     buffers x buffers product; elementwise, a BLT DP-SGD step on the NWP LSTM went from 1.06-1.08x
     to 1.04-1.05x a Gaussian one on an H100 (docs/correlated_noise.md). Equal to jax-privacy's to
     float32 rounding (tests)."""
+    from jax_privacy.matrix_factorization import streaming_matrix
+
     d = jnp.asarray(np.asarray(buf_decay, np.float32))
     s = jnp.asarray(np.asarray(output_scale, np.float32))
 
@@ -197,6 +207,8 @@ def blt_inverse(buf_decay, output_scale) -> streaming_matrix.StreamingMatrix:
 
 @functools.lru_cache(maxsize=256)
 def _sensitivity(strategy: Strategy, steps: int, min_separation: int) -> float:
+    from jax_privacy.matrix_factorization import toeplitz
+
     coefs = strategy.toeplitz_coefs(steps)
     with jax.enable_x64(True):
         sq = toeplitz.minsep_sensitivity_squared(jnp.asarray(coefs, jnp.float64), min_separation, None, n=steps)
@@ -206,6 +218,8 @@ def _sensitivity(strategy: Strategy, steps: int, min_separation: int) -> float:
 @functools.lru_cache(maxsize=32)
 def make_strategy(mechanism: str, bands: int = 1, buffers: int = 4) -> Strategy:
     """The strategy a config names (deterministic: no optimization, the same on every machine)."""
+    from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
+
     if mechanism == "banded-mf":
         if bands < 1:
             _fail(f"bands must be >= 1, got {bands}")
@@ -320,6 +334,8 @@ class CorrelatedSteps:
         )
 
     def dp_event(self) -> dp_accounting.DpEvent:
+        import dp_accounting
+
         return dp_accounting.GaussianDpEvent(self.gaussian_multiplier)
 
     def with_steps(self, steps: int) -> "CorrelatedSteps":

@@ -41,11 +41,12 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
 
 from fedpriv.errors import DataFormatError, FedprivError, PrivacyParameterError
 from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.privacy.correlated import Strategy, make_strategy
+
+# dp_accounting and jax_privacy (about 1.5 s to import) are imported where used: docs/architecture.md, "Imports".
 
 #: What ``coefficients`` in ``[privacy]`` / ``[federated.dp]`` may say.
 COEFFICIENTS = ("fixed", "optimized")
@@ -99,6 +100,8 @@ def _float_tuple(x) -> tuple[float, ...]:  # noqa: ANN001
 @functools.lru_cache(maxsize=8)
 def optimize_strategy(spec: OptimizationSpec) -> Strategy:
     """The strategy jax-privacy's optimizer returns for ``spec`` (float64; remembered per process)."""
+    from jax_privacy.matrix_factorization import buffered_toeplitz, toeplitz
+
     if spec.mechanism == "banded-mf":
         with jax.enable_x64(True):
             c = toeplitz.optimize_banded_toeplitz(spec.steps, spec.size, reduction_fn=jnp.mean)
@@ -121,6 +124,8 @@ def mean_error_times_sensitivity(strategy: Strategy, spec: OptimizationSpec) -> 
     """The loss optimized (module docstring): mean per-step squared prefix-sum error of C times the
     sensitivity squared of the spec's participation, both from jax-privacy (float64). Its square root
     times sigma/Delta-scaled noise is the RMS prefix-sum noise in clip norms at a fixed epsilon."""
+    from jax_privacy.matrix_factorization import toeplitz
+
     n = spec.steps
     coefs = strategy.toeplitz_coefs(n)
     with jax.enable_x64(True):

@@ -35,6 +35,14 @@ def direct_pld(event, relation, delta):
     return acc.get_epsilon(delta)
 
 
+def test_rdp_orders_are_dp_accountings_defaults_and_two_higher_ones():
+    """RDP_ORDERS is written out (dp_accounting is imported only when something is accounted):
+    the same values and types as dp_accounting's DEFAULT_RDP_ORDERS, then 2048 and 4096."""
+    default = tuple(dp_rdp.rdp_privacy_accountant.DEFAULT_RDP_ORDERS)
+    assert RDP_ORDERS == default + (2048, 4096)
+    assert [type(o) for o in RDP_ORDERS] == [type(o) for o in default] + [int, int]
+
+
 def test_dpsgd_poisson_matches_dp_accounting():
     ev = GaussianSteps("poisson", 1.1, 60_000, 256, 2_000)
     direct = dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(256 / 60_000, dp_accounting.GaussianDpEvent(1.1)), 2_000)
