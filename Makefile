@@ -6,10 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-fast bench bench-peers clean
 
+# The pinned set (constraints.txt) is installed by uv, which pip installs first: the same versions
+# in about 15 s instead of about 2 minutes (measured here; CI builds .venv on every run). Where uv
+# cannot install (no uv wheel for the platform, an index only pip is configured for), pip does.
+UV := uv==0.13.9
+
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade "pip>=24"
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
+	$(PY) -m pip install --quiet --upgrade "pip>=24" "$(UV)" || $(PY) -m pip install --quiet --upgrade "pip>=24"
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -c constraints.txt -e ".[dev]" || $(PY) -m pip install --quiet -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
