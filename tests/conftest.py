@@ -33,7 +33,7 @@ no longer reads.)
 import os
 import tempfile
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true")
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false")
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.environ.get("FEDPRIV_TEST_JAX_CACHE", os.path.join(tempfile.gettempdir(), "fedpriv-test-jax-cache")))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
