@@ -238,12 +238,18 @@ def test_record_level_privacy_section_is_refused_for_federated_runs(tmp_path):
         FederatedSetup(prepare(load_config(p)))
 
 
+ONE_ACTOR = "\nclient_num_cpus = 2"  # [federated.flower]: one Ray actor on a 2-core machine
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
-    ["", SECURE_BLT, DP + "|users_per_message = 4", DP_ADAPTIVE + "|users_per_message = 4\nsum_on_client = true", "|users_per_message = 4\nsum_on_client = true"],
+    ["", SECURE_BLT + "|" + ONE_ACTOR, DP + "|users_per_message = 4" + ONE_ACTOR, DP_ADAPTIVE + "|users_per_message = 4\nsum_on_client = true" + ONE_ACTOR,
+     "|users_per_message = 4\nsum_on_client = true" + ONE_ACTOR],
     # 6 users: groups of 4 and 2 (padded); adaptive clipping moves S by the norms the ClientApps report;
-    # BLT's correlated noise drawn from a secret (secure_noise) on the cyclic groups, one user per message
+    # BLT's correlated noise drawn from a secret (secure_noise) on the cyclic groups, one user per message.
+    # fedavg runs one ClientApp actor per CPU (several processes answer one round); the others one
+    # actor (each actor imports JAX, prepares the data and traces the client update: seconds each)
     ids=["fedavg", "secure-blt-dp-fedavg", "dp-fedavg-4-users-per-message", "dp-fedavg-adaptive-summed-on-client", "fedavg-summed-on-client"],
 )
 def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra, flower_on_shared_ray, monkeypatch):
