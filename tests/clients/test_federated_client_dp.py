@@ -155,7 +155,7 @@ def test_a_dp_run_weights_clients_uniformly_and_its_replies_carry_no_example_cou
     assert rt.setup.weights(np.array(users)).tolist() == [1, 1]  # not [B, B + 1]
     for k in ("_run_id", "_node_id", "_task_id"):  # the identity a Flower process has (messages need it), as in a ClientApp
         monkeypatch.setattr(TaskIdentity, k, 1)
-    content = RecordDict({ARRAYS: params_to_record(rt.template), CONFIG: ConfigRecord({"users": users, "round": 1})})
+    content = RecordDict({ARRAYS: params_to_record(rt.setup.initial_params()), CONFIG: ConfigRecord({"users": users, "round": 1})})
     metrics = rt.train(Message(content=content, dst_node_id=1, message_type=MessageType.TRAIN)).content[METRICS]
     assert dict(metrics)["weights"] == [1, 1] and set(metrics) == {"users", "weights"}  # no n_u, no unnoised loss or step count
 

@@ -91,6 +91,22 @@ def test_stacked_deltas_in_a_record_round_trip_and_wrong_shapes_are_refused(tiny
         record_to_arrays(params_to_record(stacked), params)  # one user's delta expected
 
 
+def test_a_client_runtime_holds_the_shapes_of_the_initial_params_not_their_values(tiny_setup):
+    # A ClientApp process decodes the server's arrays against a template of shapes and dtypes
+    # (jax.eval_shape: the model's initialization is traced, never compiled or run there).
+    from fedpriv.engines.flower.apps import ClientRuntime
+
+    runtime = ClientRuntime(tiny_setup.config, lambda _cfg, _log: tiny_setup.prepared)
+    params = tiny_setup.initial_params()
+    assert jax.tree_util.tree_structure(runtime.template) == jax.tree_util.tree_structure(params)
+    assert all(isinstance(t, jax.ShapeDtypeStruct) and (t.shape, t.dtype) == (p.shape, p.dtype)
+               for t, p in zip(jax.tree_util.tree_leaves(runtime.template), jax.tree_util.tree_leaves(params)))
+    stacked = jax.tree_util.tree_map(lambda p: np.stack([np.asarray(p), -np.asarray(p)]), params)
+    assert leaves_max_diff(record_to_arrays(params_to_record(stacked), runtime.template, 2), stacked) == 0.0
+    acc = runtime.setup.core.make_accumulator(runtime.template, 0.3)
+    assert all((a.shape, a.dtype) == (p.shape, p.dtype) and not np.any(a) for a, p in zip(jax.tree_util.tree_leaves(acc.total), jax.tree_util.tree_leaves(params)))
+
+
 def test_a_reply_adds_at_most_one_delta_per_sampled_user():
     seen: set[int] = set()
     check_reply_users(2, [1, 4], 2, {1, 4, 9}, seen)
@@ -222,12 +238,18 @@ def test_record_level_privacy_section_is_refused_for_federated_runs(tmp_path):
         FederatedSetup(prepare(load_config(p)))
 
 
+ONE_ACTOR = "\nclient_num_cpus = 2"  # [federated.flower]: one Ray actor on a 2-core machine
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "extra",
-    ["", SECURE_BLT, DP + "|users_per_message = 4", DP_ADAPTIVE + "|users_per_message = 4\nsum_on_client = true", "|users_per_message = 4\nsum_on_client = true"],
+    ["", SECURE_BLT + "|" + ONE_ACTOR, DP + "|users_per_message = 4" + ONE_ACTOR, DP_ADAPTIVE + "|users_per_message = 4\nsum_on_client = true" + ONE_ACTOR,
+     "|users_per_message = 4\nsum_on_client = true" + ONE_ACTOR],
     # 6 users: groups of 4 and 2 (padded); adaptive clipping moves S by the norms the ClientApps report;
-    # BLT's correlated noise drawn from a secret (secure_noise) on the cyclic groups, one user per message
+    # BLT's correlated noise drawn from a secret (secure_noise) on the cyclic groups, one user per message.
+    # fedavg runs one ClientApp actor per CPU (several processes answer one round); the others one
+    # actor (each actor imports JAX, prepares the data and traces the client update: seconds each)
     ids=["fedavg", "secure-blt-dp-fedavg", "dp-fedavg-4-users-per-message", "dp-fedavg-adaptive-summed-on-client", "fedavg-summed-on-client"],
 )
 def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra, flower_on_shared_ray, monkeypatch):

@@ -3,7 +3,11 @@ and a run that loses every reply of a round (``flwr run`` exits 0 for it, ``fedp
 
 Runs the real CLI as a subprocess, offline (FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1),
 with a private FLWR_HOME and free ports for the local SuperLink that ``flwr run`` starts in the
-background, and kills that SuperLink (by its pid) afterwards. About 2 minutes each on 2 cores.
+background, and kills that SuperLink (by its pid) at the end of the module. The module's three
+``flwr run`` share that one FLWR_HOME and SuperLink (``flwr run`` starts one only when none
+answers on its port, as it does for a user's consecutive runs), and each simulation runs one
+ClientApp actor (``client-resources-num-cpus=2``: the Flower engine tests cover several actors):
+each actor and each SuperLink imports JAX or Flower for seconds. About 1 minute each on 2 cores.
 """
 
 import json
@@ -71,14 +75,26 @@ def local_flower(home: Path):
             time.sleep(0.5)
 
 
+@pytest.fixture(scope="module")
+def flwr_env(tmp_path_factory):
+    """The module's `flwr run` environment: (FLWR_HOME, env); the first `flwr run` starts the local
+    SuperLink, the others reuse it; on teardown it is killed and must be gone."""
+    home = tmp_path_factory.mktemp("flwr") / "flwr-home"
+    with local_flower(home) as env:
+        yield home, env
+    assert not _local_superlinks(home)
+
+
+FEDERATION = "num-supernodes=2 client-resources-num-cpus=2"  # 2 virtual SuperNodes, one ClientApp actor
+
+
 @pytest.mark.skipif(not FLWR.exists(), reason="flwr CLI not installed next to this python")
-def test_flwr_run_quick_config(tmp_path):
-    home = tmp_path / "flwr-home"
+def test_flwr_run_quick_config(tmp_path, flwr_env):
+    home, env = flwr_env
     run_dir = tmp_path / "run"
     overrides = f"config='experiments/fedavg-shakespeare-quick.toml' run-dir={json.dumps(str(run_dir))}"
-    cmd = [str(FLWR), "run", ".", "--stream", "--run-config", overrides, "--federation-config", "num-supernodes=2 client-resources-num-cpus=1"]
-    with local_flower(home) as env:
-        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
+    cmd = [str(FLWR), "run", ".", "--stream", "--run-config", overrides, "--federation-config", FEDERATION]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=480)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert "Successfully started run" in out, out
@@ -90,7 +106,6 @@ def test_flwr_run_quick_config(tmp_path):
     assert [r["round"] for r in train] == [1, 2, 3], rows
     assert all(r["failed"] == 0 and r["clients"] == 6 for r in train), train
     assert any(r["split"] == "heldout" and r["round"] == 3 for r in rows), rows
-    assert not _local_superlinks(home)
 
 
 # Round 1 loses every reply: no ClientApp answers within 10 ms (each first prepares the data and
@@ -119,21 +134,19 @@ LOST = "round 1: every one of the 6 client updates failed (no reply before feder
 
 
 @pytest.mark.skipif(not FLWR.exists(), reason="flwr CLI not installed next to this python")
-def test_a_run_that_loses_every_supernode_exits_0_from_flwr_run_and_2_from_fedpriv_flwr_run(tmp_path):
+def test_a_run_that_loses_every_supernode_exits_0_from_flwr_run_and_2_from_fedpriv_flwr_run(tmp_path, flwr_env):
     """Flower 1.41's and 1.42's `flwr run --stream` exits 0 whatever the run ended with (flwr/cli/run/run.py,
     flwr/cli/log.py); the run itself is finished:failed with the ServerApp's error. `fedpriv
     flwr-run` (the same `flwr run`, then `flwr list --run-id`) exits 2 with one line naming it."""
     config = tmp_path / "lost.toml"
     config.write_text(LOSES_EVERY_REPLY)
-    home = tmp_path / "flwr-home"
+    _, env = flwr_env
     overrides = f"config={json.dumps(str(config))} run-dir={json.dumps(str(tmp_path / 'run'))}"
-    federation = "num-supernodes=2 client-resources-num-cpus=1"
-    with local_flower(home) as env:
-        flwr = subprocess.run([str(FLWR), "run", ".", "--stream", "--run-config", overrides, "--federation-config", federation],
-                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
-        wrapped = subprocess.run([sys.executable, "-m", "fedpriv.cli", "flwr-run", ".", "--run-config", overrides, "--federation-config", federation,
-                                  "--log-dir", str(tmp_path / "logs")],
-                                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    flwr = subprocess.run([str(FLWR), "run", ".", "--stream", "--run-config", overrides, "--federation-config", FEDERATION],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    wrapped = subprocess.run([sys.executable, "-m", "fedpriv.cli", "flwr-run", ".", "--run-config", overrides, "--federation-config", FEDERATION,
+                              "--log-dir", str(tmp_path / "logs")],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     out = flwr.stdout + flwr.stderr
     # Flower's behaviour: the stream ends with the ServerApp's failure, the exit code is 0.
     assert flwr.returncode == 0, out
@@ -152,4 +165,3 @@ def test_a_run_that_loses_every_supernode_exits_0_from_flwr_run_and_2_from_fedpr
     kept = tmp_path / "logs" / f"flwr-run-{run_id}.log"
     assert "Traceback" not in wrapped.stdout and f"kept in {kept})\n" in wrapped.stdout, wrapped.stdout
     assert "Traceback (most recent call last):" in kept.read_text() and f"fedpriv: error: {LOST}\n" in kept.read_text()
-    assert not _local_superlinks(home)

@@ -111,7 +111,9 @@ class ClientRuntime:
         setup_logs()  # this process's third-party messages, quiet unless FEDPRIV_VERBOSE=1
         prepared = prepare(config, None)
         self.setup = FederatedSetup(prepared, client=True)  # clients add no noise: no strategy, calibration or budget here
-        self.template = self.setup.initial_params()
+        # Shapes and dtypes only (what decoding a record and the accumulator read): the model's
+        # initialization is traced, not run, so this process compiles none of its eager ops.
+        self.template = jax.eval_shape(self.setup.initial_params)
         self.cohort = CohortUpdate(self.setup)
 
     def train(self, msg: Message) -> Message:
