@@ -1,13 +1,16 @@
 """The RDP of the Gaussian mechanism on a fixed-size sample drawn without replacement
 (replace-one relation; Wang, Balle and Kasiviswanathan 2019, Theorem 27), equal to the bit to
-dp-accounting 0.6.0's ``_compute_rdp_sample_wor_gaussian`` and 2-3x faster.
+dp-accounting 0.6.0's ``_compute_rdp_sample_wor_gaussian`` and 4-5x faster.
 
 dp-accounting computes, for every order alpha <= 256 it is asked for, the forward differences of
 the Gaussian's CGF up to order alpha (O(alpha^2) scalar operations each), and recomputes the
 alpha-independent parts of every term for every order. The k-th forward difference at 0 depends
 only on the first k+1 values, through the same scalar operations whatever the length, so one
 table for the largest order serves every smaller one unchanged; and the terms' alpha-independent
-parts are computed once. Every remaining operation is dp-accounting's own, on the same operands in
+parts are computed once. The binomial coefficients log C(alpha, i) depend on neither q nor sigma
+and are computed once per process; the forward-difference table depends on sigma alone and is
+remembered for the last sigmas (an epsilon curve over batch sizes or rounds keeps sigma; one
+evaluation at a new sigma: 0.12 s -> 0.07 s on RDP_ORDERS, one core). Every remaining operation is dp-accounting's own, on the same operands in
 the same order (its ``_log_add``, ``_log_comb`` and ``_get_forward_diffs``), so the result is the
 same float (tests/privacy/test_rdp_wor.py compares all of RDP_ORDERS bitwise on a grid of q and
 sigma). A calibration of fixed-size DP-FedAvg or user-level DP-SGD evaluates this about 18 times.
@@ -15,6 +18,7 @@ sigma). A calibration of fixed-size DP-FedAvg or user-level DP-SGD evaluates thi
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -69,24 +73,40 @@ def _log_a_exact(q: float, sigma: float, alphas: list[int]) -> dict[int, float]:
     """log A_alpha for integer 1 < alpha <= 256, one forward-difference table for all of them."""
     if not alphas:
         return {}
-    cgf = _cgf(sigma)
-    deltas, _ = _rdp._get_forward_diffs(cgf, alphas[-1])
     first = 2 * np.log(q)
     second = _second_term_min(sigma)
     top = alphas[-1]
-    shared = [0.0, 0.0, 0.0]  # term i's alpha-independent part, i > 2
-    i_log_q = [0.0, 0.0, 0.0]
+    shared = _exact_shared(sigma, top)
+    i_log_q = [0.0, 0.0, 0.0] + [i * np.log(q) for i in range(3, top + 1)]
+    out = {}
+    for alpha in alphas:
+        comb = _log_comb_row(alpha)
+        log_a = _rdp._log_add(0, first + comb[2] + second)
+        for i in range(3, alpha + 1):
+            log_a = _rdp._log_add(log_a, shared[i] + (i_log_q[i] + comb[i]))
+        out[alpha] = float(log_a)
+    return out
+
+
+@functools.lru_cache(maxsize=64, typed=True)  # typed: a numpy float and a float of one value may square differently
+def _exact_shared(sigma: float, top: int) -> tuple[float, ...]:
+    """Term i's alpha- and q-independent part (i > 2; 0 below), from the forward differences of
+    the CGF up to order ``top``: a function of sigma alone, remembered (a calibration's sigmas
+    differ, but the batch and rounds of a run's epsilon curves reuse one sigma)."""
+    cgf = _cgf(sigma)
+    deltas, _ = _rdp._get_forward_diffs(cgf, top)
+    shared = [0.0, 0.0, 0.0]
     for i in range(3, top + 1):
         s = np.log(4) + 0.5 * (deltas[int(2 * np.floor(i / 2.0)) - 1] + deltas[int(2 * np.ceil(i / 2.0)) - 1])
         shared.append(np.minimum(s, np.log(2) + cgf(i - 1)))
-        i_log_q.append(i * np.log(q))
-    out = {}
-    for alpha in alphas:
-        log_a = _rdp._log_add(0, first + _rdp._log_comb(alpha, 2) + second)
-        for i in range(3, alpha + 1):
-            log_a = _rdp._log_add(log_a, shared[i] + (i_log_q[i] + _rdp._log_comb(alpha, i)))
-        out[alpha] = float(log_a)
-    return out
+    return tuple(shared)
+
+
+@functools.lru_cache(maxsize=None)
+def _log_comb_row(alpha: int) -> tuple[float, ...]:
+    """dp-accounting's ``_log_comb(alpha, i)`` for i = 0..alpha, computed once per order (it
+    depends on neither q nor sigma; a few dozen orders, at most 4,097 values each)."""
+    return tuple(_rdp._log_comb(alpha, i) for i in range(alpha + 1))
 
 
 def _log_a_stirling(q: float, sigma: float, alphas: list[int]) -> dict[int, float]:
@@ -100,8 +120,9 @@ def _log_a_stirling(q: float, sigma: float, alphas: list[int]) -> dict[int, floa
     shared = [0.0, 0.0, 0.0] + [np.log(2) + cgf(i - 1) + i * np.log(q) for i in range(3, alphas[-1] + 1)]
     out = {}
     for alpha in alphas:
-        log_a = _rdp._log_add(0, first + _rdp._log_comb(alpha, 2) + second)
+        comb = _log_comb_row(alpha)
+        log_a = _rdp._log_add(0, first + comb[2] + second)
         for i in range(3, alpha + 1):
-            log_a = _rdp._log_add(log_a, shared[i] + _rdp._log_comb(alpha, i))
+            log_a = _rdp._log_add(log_a, shared[i] + comb[i])
         out[alpha] = log_a
     return out
