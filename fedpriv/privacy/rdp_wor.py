@@ -19,7 +19,6 @@ sigma). A calibration of fixed-size DP-FedAvg or user-level DP-SGD evaluates thi
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -89,18 +88,30 @@ def _log_a_exact(q: float, sigma: float, alphas: list[int]) -> dict[int, float]:
     return out
 
 
-@functools.lru_cache(maxsize=64, typed=True)  # typed: a numpy float and a float of one value may square differently
+#: _exact_shared's answers by (type of sigma, sigma, top): a numpy float and a float of one value
+#: may square differently, so they are different keys. Cleared when full.
+_EXACT_SHARED: dict[tuple[type, float, int], tuple[float, ...]] = {}
+_EXACT_SHARED_MAX = 64
+#: _log_comb_row's answers by order (a few dozen orders).
+_LOG_COMB_ROWS: dict[int, tuple[float, ...]] = {}
+
+
 def _exact_shared(sigma: float, top: int) -> tuple[float, ...]:
     """Term i's alpha- and q-independent part (i > 2; 0 below), from the forward differences of
     the CGF up to order ``top``: a function of sigma alone, remembered (a calibration's sigmas
     differ, but the batch and rounds of a run's epsilon curves reuse one sigma)."""
-    cgf = _cgf(sigma)
-    deltas = _forward_diffs(cgf, top)
-    shared = [0.0, 0.0, 0.0]
-    for i in range(3, top + 1):
-        s = np.log(4) + 0.5 * (deltas[int(2 * np.floor(i / 2.0)) - 1] + deltas[int(2 * np.ceil(i / 2.0)) - 1])
-        shared.append(np.minimum(s, np.log(2) + cgf(i - 1)))
-    return tuple(shared)
+    key = (type(sigma), sigma, top)
+    if key not in _EXACT_SHARED:
+        if len(_EXACT_SHARED) >= _EXACT_SHARED_MAX:
+            _EXACT_SHARED.clear()
+        cgf = _cgf(sigma)
+        deltas = _forward_diffs(cgf, top)
+        shared = [0.0, 0.0, 0.0]
+        for i in range(3, top + 1):
+            s = np.log(4) + 0.5 * (deltas[int(2 * np.floor(i / 2.0)) - 1] + deltas[int(2 * np.ceil(i / 2.0)) - 1])
+            shared.append(np.minimum(s, np.log(2) + cgf(i - 1)))
+        _EXACT_SHARED[key] = tuple(shared)
+    return _EXACT_SHARED[key]
 
 
 def _forward_diffs(fun, n: int) -> list[float]:
@@ -124,11 +135,12 @@ def _forward_diffs(fun, n: int) -> list[float]:
     return deltas
 
 
-@functools.lru_cache(maxsize=None)
 def _log_comb_row(alpha: int) -> tuple[float, ...]:
     """dp-accounting's ``_log_comb(alpha, i)`` for i = 0..alpha, computed once per order (it
     depends on neither q nor sigma; a few dozen orders, at most 4,097 values each)."""
-    return tuple(_rdp._log_comb(alpha, i) for i in range(alpha + 1))
+    if alpha not in _LOG_COMB_ROWS:
+        _LOG_COMB_ROWS[alpha] = tuple(_rdp._log_comb(alpha, i) for i in range(alpha + 1))
+    return _LOG_COMB_ROWS[alpha]
 
 
 def _log_a_stirling(q: float, sigma: float, alphas: list[int]) -> dict[int, float]:
