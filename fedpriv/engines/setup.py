@@ -171,7 +171,8 @@ class CanaryClients:
             return
         norm = acc.clip_norm if np.isfinite(acc.clip_norm) else 1.0
         dirs = [client_direction(self.seed, int(self.canary_index[u - self.first]), template, norm) for u in canaries]
-        acc.add(jax.tree_util.tree_map(lambda *x: jnp.stack(x), *dirs), np.ones(len(dirs)))
+        # stacked on the host (the same floats): jnp.stack would compile one program per cohort's canary count
+        acc.add(jax.tree_util.tree_map(lambda *x: np.stack([np.asarray(v) for v in x]), *dirs), np.ones(len(dirs)))
 
 
 class Engine(Protocol):

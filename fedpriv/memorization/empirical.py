@@ -29,6 +29,7 @@ add-or-remove-one: :func:`audit_relations` says so, and the two are then reporte
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -148,7 +149,14 @@ def canary_scores(task: Any, params: Any, canaries: AuditCanaries, batch: int = 
 
 
 def _key(seed: int, index: int | jax.Array) -> jax.Array:
-    return jax.random.fold_in(stream_key(seed, AUDIT_CANARY), index)
+    return jax.random.fold_in(_audit_stream(seed) if isinstance(seed, (int, np.integer)) else stream_key(seed, AUDIT_CANARY), index)
+
+
+@functools.lru_cache(maxsize=16)
+def _audit_stream(seed: int) -> jax.Array:
+    """``stream_key(seed, AUDIT_CANARY)`` for an int seed, made once: a round of DP-FedAvg with
+    canary clients asks for it once per sampled canary (three eager JAX ops each)."""
+    return stream_key(int(seed), AUDIT_CANARY)
 
 
 @jax.jit

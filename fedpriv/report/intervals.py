@@ -18,6 +18,7 @@ Replicates are drawn from a fixed generator, so a report is deterministic.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -52,15 +53,31 @@ def _arrays(by_seed: Sequence[Sequence[float]]) -> list[np.ndarray]:
 
 def _replicates(sides: list[list[np.ndarray]], reps: int, seed: int) -> np.ndarray:
     """(reps, sides) bootstrap means; the same seed and canary draws for every side."""
-    rng = np.random.default_rng(seed)
-    n_seeds = len(sides[0])
+    draws = _draws(tuple(len(v) for v in sides[0]), reps, seed)
     out = np.empty((reps, len(sides)))
-    for r in range(reps):
-        seeds = rng.integers(0, n_seeds, n_seeds)
-        picks = [rng.integers(0, len(sides[0][s]), len(sides[0][s])) for s in seeds]
-        for j, side in enumerate(sides):
-            out[r, j] = np.concatenate([side[s][p] for s, p in zip(seeds, picks)]).mean()
+    for j, side in enumerate(sides):
+        pooled = np.concatenate(side)
+        for r, picks in enumerate(draws):
+            out[r, j] = pooled[picks].mean()
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _draws(lengths: tuple[int, ...], reps: int, seed: int) -> tuple[np.ndarray, ...]:
+    """Each replicate's draws as indices into the seeds' values pooled in seed order: the seeds
+    drawn with replacement, then each drawn seed's values, from ``default_rng(seed)`` in that
+    order. They depend on the values' counts only, so every measurement of a report with the same
+    counts (most of them: one canary set per seed) shares them (read-only)."""
+    rng = np.random.default_rng(seed)
+    n_seeds = len(lengths)
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+    out = []
+    for _ in range(reps):
+        seeds = rng.integers(0, n_seeds, n_seeds)
+        picks = np.concatenate([starts[s] + rng.integers(0, lengths[s], lengths[s]) for s in seeds])
+        picks.flags.writeable = False
+        out.append(picks)
+    return tuple(out)
 
 
 def interval(by_seed: Sequence[Sequence[float]], reps: int = REPLICATES, level: float = LEVEL, seed: int = SEED) -> Estimate:

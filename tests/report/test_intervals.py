@@ -56,3 +56,30 @@ def test_paired_differences_cancel_what_the_sides_share():
 def test_intervals_are_deterministic():
     data = [[0.0, 1.0, 1.0, 0.0, 1.0], [1.0, 1.0, 0.0, 0.0, 0.0]]
     assert interval(data) == interval(data)
+
+
+def _replicates_drawn_afresh(sides, reps, seed):
+    """The hierarchical bootstrap as written before its draws were shared: every replicate draws
+    the seeds, then each drawn seed's canaries, from a new generator, per call."""
+    rng = np.random.default_rng(seed)
+    n_seeds = len(sides[0])
+    out = np.empty((reps, len(sides)))
+    for r in range(reps):
+        seeds = rng.integers(0, n_seeds, n_seeds)
+        picks = [rng.integers(0, len(sides[0][s]), len(sides[0][s])) for s in seeds]
+        for j, side in enumerate(sides):
+            out[r, j] = np.concatenate([side[s][p] for s, p in zip(seeds, picks)]).mean()
+    return out
+
+
+@pytest.mark.parametrize("lengths", [(18,), (18, 18), (5, 1, 9)])
+def test_shared_draws_give_the_bits_of_fresh_draws(lengths):
+    """Measurements with the same counts reuse one set of draws (_draws): the replicates are the
+    same floats as drawing afresh for each, whatever values came first."""
+    from fedpriv.report.intervals import SEED, _replicates
+
+    rng = np.random.default_rng(11)
+    for _ in range(2):  # the second pass reads the remembered draws
+        sides = [[(rng.random(n) < 0.4).astype(float) for n in lengths], [rng.random(n) * 30 for n in lengths]]
+        for got_sides in (sides, sides[:1]):
+            assert _replicates(got_sides, 300, SEED).tobytes() == _replicates_drawn_afresh(got_sides, 300, SEED).tobytes()

@@ -3,6 +3,7 @@ does not, and ``fedpriv audit`` reports it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -90,9 +91,10 @@ def test_audit_refuses_what_it_cannot_audit(runs, tmp_path, capsys):
     assert "no [canaries] section" in capsys.readouterr().err
 
 
-def test_an_unfinished_run_is_audited_from_its_checkpoint(tmp_path):
+def test_an_unfinished_run_is_audited_from_its_checkpoint(runs, tmp_path):
+    _, planted, _ = runs  # the same data and canaries: only [training] differs (what the run store shares too)
     cfg = validate_config({**EXPERIMENT, "training": {**EXPERIMENT["training"], "steps": 60, "checkpoint_every": 20}})
-    run_central(prepare(cfg), tmp_path / "run", stop_after=40)
+    run_central(dataclasses.replace(planted, config=cfg), tmp_path / "run", stop_after=40)
     _, _, source = load_run(tmp_path / "run")
     assert source == "checkpoint at step 40 (the run is unfinished)"
 
