@@ -61,10 +61,8 @@ class NWPStepper:
         self.params = jax.tree_util.tree_map(jnp.asarray, params)
         self.hidden = int(self.params["lstm"]["wh"].shape[0])
         self.vocab_size = int(output_layer(self.params)[1].shape[0])
-        self._advance = jax.jit(advance)
-        self._next = jax.jit(next_log_probs)
-        self._all = jax.jit(all_log_probs)
-        self._run = jax.jit(self._run_impl)
+        # one compiled program per shape, shared by every stepper (params are an argument)
+        self._advance, self._next, self._all, self._run = _ADVANCE, _NEXT, _ALL, _RUN
 
     def zero_state(self, n: int) -> State:
         z = jnp.zeros((n, self.hidden), jnp.float32)
@@ -108,3 +106,11 @@ class NWPStepper:
     def word_ids(self) -> np.ndarray:
         """The ids of the K in-vocabulary words (1..K: not pad, oov, bos or eos)."""
         return np.arange(1, len(self.vocab.words) + 1, dtype=np.int32)
+
+
+# Module-level jits: a new stepper (a new model, or the same model again) reuses the traced and
+# lowered programs of every earlier stepper of the same shapes instead of tracing them again.
+_ADVANCE = jax.jit(advance)
+_NEXT = jax.jit(next_log_probs)
+_ALL = jax.jit(all_log_probs)
+_RUN = jax.jit(NWPStepper._run_impl)

@@ -186,11 +186,15 @@ def test_no_noise_and_no_clip_equals_sgd_on_the_same_batches(nwp, tmp_path):
     params = task.init_params(jax.random.split(jax.random.key(0))[0])
     tx = optax.sgd(0.5)
     opt = tx.init(params)
-    for step in range(4):
-        batch = gather(arrays, stepper.sample(step), 32)
+
+    @jax.jit  # one program for the 4 steps (the same shapes)
+    def sgd_step(params, opt, batch):
         g = jax.grad(task.mean_loss)(params, batch, jax.random.key(0))
         upd, opt = tx.update(g, opt, params)
-        params = optax.apply_updates(params, upd)
+        return optax.apply_updates(params, upd), opt
+
+    for step in range(4):
+        params, opt = sgd_step(params, opt, gather(arrays, stepper.sample(step), 32))
     np.testing.assert_allclose(flat(res.params), flat(params), atol=2e-6)
 
 
@@ -351,16 +355,18 @@ def test_a_users_whole_contribution_is_clipped_to_C_whatever_its_examples(nwp):
     params = task.init_params(jax.random.key(0))
     k, C = 4, 0.05
     rows = {k_: v[:8] for k_, v in arrays.items()}  # 2 users of 4 rows each
+    clipped_sum = jax.jit(lambda p, b: reference_clipped_sum(task, p, b, jax.random.key(0), C, group=k))  # one program for both masks
+    mean_loss_grad = jax.jit(jax.grad(task.mean_loss), static_argnums=3)
     for real in (1, 4):  # user 0 has `real` examples; user 1 none (masked): it adds nothing
         mask = np.zeros(8, np.float32)
         mask[:real] = 1.0
         batch = {k_: jnp.asarray(v) for k_, v in {**rows, "mask": mask}.items()}
-        total, norms, _ = reference_clipped_sum(task, params, batch, jax.random.key(0), C, group=k)
+        total, norms, _ = clipped_sum(params, batch)
         assert norms.shape == (2,) and float(norms[0]) > C
         assert _norm(total) == pytest.approx(C, rel=1e-4)  # one clipped user, whatever its example count
         # the unit's direction is the gradient of its mean loss over its real rows
         one = {k_: v[:real] for k_, v in batch.items()}
-        g = jax.grad(task.mean_loss)(params, one, jax.random.key(0), True)
+        g = mean_loss_grad(params, one, jax.random.key(0), True)
         np.testing.assert_allclose(flat(total), flat(g) * C / _norm(g), rtol=1e-4, atol=1e-7)
 
 

@@ -185,8 +185,9 @@ def test_blt_epsilon_and_calibration_equal_jax_privacy_and_dp_accounting(capsys)
     z = out["calibrated_noise_multiplier"]
     with jax.enable_x64(True):
         coefs = np.asarray(buffered_toeplitz.BufferedToeplitz.from_rational_approx_to_sqrt_x(4).toeplitz_coefs(100), np.float64)
-    assert _direct_epsilon(coefs, 48700, 1000, 100, z, 1e-5, "PLD") <= 8.0 < _direct_epsilon(coefs, 48700, 1000, 100, z * 0.999, 1e-5, "PLD")
-    assert out["answers"][0]["epsilon"] == pytest.approx(_direct_epsilon(coefs, 48700, 1000, 100, z, 1e-5, "PLD"), rel=1e-9)
+    at_z = _direct_epsilon(coefs, 48700, 1000, 100, z, 1e-5, "PLD")  # (a PLD by hand costs seconds: computed once)
+    assert at_z <= 8.0 < _direct_epsilon(coefs, 48700, 1000, 100, z * 0.999, 1e-5, "PLD")
+    assert out["answers"][0]["epsilon"] == pytest.approx(at_z, rel=1e-9)
 
 
 def _amplified_by_hand(coefs, population, batch, groups, steps, z, delta, accountant):

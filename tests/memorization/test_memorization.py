@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from memorization_helpers import initial_params
 
 from fedpriv.config import CanariesConfig, validate_config
 from fedpriv.data.corpus import FederatedCorpus
@@ -30,13 +31,14 @@ def tiny_task(n_words: int = 30) -> NWPTask:
 
 def sharpened_params(task: NWPTask, seed: int = 0, factor: float = 4.0):
     """Random parameters scaled up so next-word distributions are far from uniform."""
-    return jax.tree_util.tree_map(lambda x: x * factor, task.init_params(jax.random.key(seed)))
+    return jax.tree_util.tree_map(lambda x: x * factor, initial_params(task, seed))
 
 
 def full_log_probs(task: NWPTask, params, ids: np.ndarray) -> np.ndarray:
-    """log P(ids[:, t+1] | ids[:, :t+1]) from the model's full forward pass, (B, L-1)."""
+    """log P(ids[:, t+1] | ids[:, :t+1]) from the model's full forward pass, (B, L-1). Jitted: one
+    program instead of op-by-op calls (the same bits as eager here, checked on these models)."""
     padded = np.concatenate([ids, np.zeros((len(ids), 1), np.int32)], axis=1)
-    lp = np.asarray(jax.nn.log_softmax(task.logits(params, jnp.asarray(padded)), axis=-1))
+    lp = np.asarray(jax.jit(lambda p, x: jax.nn.log_softmax(task.logits(p, x), axis=-1))(params, jnp.asarray(padded)))
     return np.take_along_axis(lp[:, : ids.shape[1] - 1], ids[:, 1:, None], axis=2)[..., 0]
 
 

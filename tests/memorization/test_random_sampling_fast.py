@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from memorization_helpers import initial_params
 
 from fedpriv.memorization.exposure import FIT_SAMPLES, extrapolated_exposure
 from fedpriv.memorization.lm import NWPStepper
@@ -30,7 +31,7 @@ TINY_TIED = NWPConfig(embed_dim=16, lstm_units=32, projection_dim=16, tie_embedd
 def stepper_for(n_words: int, model, factor: float, seed: int = 0) -> NWPStepper:
     """Random parameters scaled by ``factor`` (larger: sharper next-word distributions)."""
     task = NWPTask(WordVocab([f"w{i}" for i in range(n_words)]), seq_len=8, model=model)
-    return NWPStepper(task, jax.tree_util.tree_map(lambda x: x * factor, task.init_params(jax.random.key(seed))))
+    return NWPStepper(task, jax.tree_util.tree_map(lambda x: x * factor, initial_params(task, seed)))
 
 
 def assert_same(stepper, canary, suffixes, prefix_words=2, score_rows=None):

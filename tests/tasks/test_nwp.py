@@ -40,12 +40,13 @@ def test_per_example_loss_depends_only_on_that_example(task):
     params = task.init_params(jax.random.key(1))
     exs = [TextExample(t) for t in ["to be or not to be", "what light", "a b c d e f g h i j k l m n"]]
     batch = task.encode(exs)
-    losses = task.losses(params, batch, jax.random.key(0), True)
+    per_example = jax.jit(task.losses, static_argnums=3)  # one program per batch size, not op by op
+    losses = per_example(params, batch, jax.random.key(0), True)
     for i, ex in enumerate(exs):
-        alone = task.losses(params, task.encode([ex]), jax.random.key(0), True)
+        alone = per_example(params, task.encode([ex]), jax.random.key(0), True)
         assert float(alone[0]) == pytest.approx(float(losses[i]), rel=1e-5)
     changed = task.encode([exs[0], TextExample("something else entirely"), exs[2]])
-    again = task.losses(params, changed, jax.random.key(0), True)
+    again = per_example(params, changed, jax.random.key(0), True)
     assert float(again[0]) == pytest.approx(float(losses[0]), rel=1e-6)
     assert float(again[2]) == pytest.approx(float(losses[2]), rel=1e-6)
 
