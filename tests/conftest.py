@@ -3,11 +3,15 @@
 JAX sees 8 CPU devices in the tests (set before JAX is imported), so sharded training runs here
 without accelerators. XLA compiles for the CPU without LLVM's optimizations
 (``--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true``, XLA's own HLO
-passes unchanged): the suite compiles thousands of small programs and runs each briefly, so
-compiling dominates. Measured on 2 cores, the same four files from an empty cache
-(tests/central/test_dpsgd.py, tests/models/test_ner_model.py, tests/tasks/test_nwp.py,
-tests/runner/test_fl_ner.py, run side by side): 337 s of CPU against 447 s with the defaults,
-every test passing either way. Every process of a test (subprocesses, Ray actors, Flower's
+passes unchanged) and with its older fusion code generator (``--xla_cpu_use_fusion_emitters=false``):
+the suite compiles thousands of small programs and runs each briefly, so compiling dominates.
+Measured on 2 cores from an empty cache: the same four files (tests/central/test_dpsgd.py,
+tests/models/test_ner_model.py, tests/tasks/test_nwp.py, tests/runner/test_fl_ner.py, run side by
+side) took 337 s of CPU without LLVM's optimizations against 447 s with the defaults; on top of
+that, the 365 programs of tests/strategies/test_federated_core.py and
+tests/clients/test_federated_client_dp.py took 19-25 s of XLA compiling without the fusion emitters
+(three runs) against 48-52 s with them (two runs; JAX's backend_compile_duration events), every test
+passing every way. Every process of a test (subprocesses, Ray actors, Flower's
 processes) inherits the flags, so the bitwise comparisons between them hold; what users run is
 compiled with XLA's defaults. Compiled programs go to JAX's persistent compilation cache (a directory
 under the system temp dir, or $FEDPRIV_TEST_JAX_CACHE), so the many short runs that compile the
