@@ -42,12 +42,11 @@ import numpy as np
 
 from fedpriv.errors import PrivacyParameterError
 
-if TYPE_CHECKING:
-    import dp_accounting
-
 # dp_accounting (with scipy.signal and scipy.stats: about 1.5 s) is imported where an epsilon is
 # computed, not here: every CLI command, ClientApp process and Ray actor imports this module,
 # most of them never account (docs/architecture.md, "Imports").
+if TYPE_CHECKING:
+    import dp_accounting
 
 Sampling = Literal["poisson", "fixed", "none"]
 Unit = Literal["example", "user"]
