@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device check: the vectorized engine at cohort 1,000 of 342,477 Stack-Overflow-shaped users
 # (FedAvg and DP-FedAvg; Flower beside it when flwr is importable; not with --cpu) and the DP-SGD
-# step benchmark, within 8 minutes, written as one JSON to ${OUT:-.}/gpu_check.json.
+# step benchmark, and (not with --cpu) whether two runs of one seed give the same parameters with
+# and without fedpriv's deterministic GPU flag, within 10 minutes, written as one JSON to
+# ${OUT:-.}/gpu_check.json.
 #
 #   bash benchmarks/gpu_check.sh           # on a machine with an accelerator (JAX's default backend)
 #   bash benchmarks/gpu_check.sh --cpu     # CI-sized, on the CPU (2 forced host devices: the sharded path)
@@ -48,6 +50,7 @@ part() {  # name, seconds, command...: stdout (one JSON document) to $LOGS/name.
 part scale_fedavg "$LIMIT" "$PY" benchmarks/federated_scale.py "${SCALE[@]}" --json
 part scale_dpfedavg "$LIMIT" "$PY" benchmarks/federated_scale.py "${SCALE_DP[@]}" --json
 part dpsgd_step "$LIMIT" "$PY" benchmarks/dpsgd_step.py "${DPSGD[@]}" --json
+[ "$MODE" = device ] && part determinism 120 "$PY" benchmarks/determinism.py --json  # docs/architecture.md, "Determinism on a GPU"
 if [ "$MODE" = device ] && "$PY" -c "import flwr" 2>/dev/null; then
   part flower "$LIMIT" "$PY" benchmarks/federated_engines.py "${FLOWER[@]}" --json
 fi

@@ -315,3 +315,57 @@ def test_rdp_answers_are_dp_accountings_to_the_bit_and_remembered_per_event():
     special = dp_accounting.NeighboringRelation.REPLACE_SPECIAL
     direct = dp_rdp.RdpAccountant(RDP_ORDERS, special).compose(Tree().dp_event())
     assert (accounting.ComposedRdp([Tree()], special).rdp == direct.rdp).all()
+
+
+def test_pld_answers_are_dp_accountings_to_the_bit_and_each_leaf_built_once():
+    """fedpriv composes PLD with each leaf's PLD remembered (accounting.ComposedPld): its epsilon
+    and delta must be exactly those of dp_accounting's PLDAccountant composing the same events
+    (self-composed counts, unsampled steps, a composition of different runs, amplified banded MF,
+    an event it leaves to dp_accounting, a zero sampling probability, no noise), and a later step
+    count of the same run must not build the sampled Gaussian's PLD again."""
+    from fedpriv.privacy import accounting
+    from fedpriv.privacy.amplified import AmplifiedBandMF, CyclicPoissonSchedule
+    from fedpriv.privacy.correlated import make_strategy
+
+    class Raw:  # an event as dp_accounting spells it
+        def __init__(self, event):
+            self.event = event
+
+        def dp_event(self):
+            return self.event
+
+    poisson = lambda q, z: dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(z))  # noqa: E731
+    cases = [
+        [GaussianSteps("poisson", 1.1, 60_000, 256, 300)],
+        [GaussianSteps("none", 4.0, 300, 300, 12)],
+        [GaussianSteps("poisson", 1.1, 60_000, 256, 500), GaussianSteps("poisson", 0.9, 60_000, 512, 30)],
+        [AmplifiedBandMF.of(make_strategy("banded-mf", 3), 0.9, CyclicPoissonSchedule(5003, 50, 4, 30, 0, "user"))],
+        [Raw(dp_accounting.ComposedDpEvent([dp_accounting.SelfComposedDpEvent(poisson(0.01, 1.0), 40), dp_accounting.GaussianDpEvent(3.0)]))],
+        [Raw(dp_accounting.SelfComposedDpEvent(poisson(0.0, 1.0), 5)), Raw(poisson(0.02, 1.2))],
+        [Raw(dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.LaplaceDpEvent(2.0))), Raw(poisson(0.02, 1.2))],
+        [Raw(poisson(0.02, 0.0)), Raw(poisson(0.02, 1.2))],
+    ]
+    for events in cases[4:]:  # fedpriv accounts PLD under add-or-remove-one only (fixed-size samples are RDP)
+        direct = dp_pld.PLDAccountant(AR, value_discretization_interval=accounting.PLD_DISCRETIZATION)
+        for e in events:
+            direct.compose(e.dp_event())
+        ours = accounting.ComposedPld(events, AR)
+        for delta in (1e-5, 1e-8):
+            assert ours.get_epsilon(delta) == direct.get_epsilon(delta), events
+        assert ours.get_delta(3.0) == direct.get_delta(3.0), events
+    assert accounting.ComposedPld(cases[-1], AR).get_epsilon(1e-5) == math.inf
+    assert accounting.ComposedPld(cases[-2], AR).fallback is not None and accounting.ComposedPld(cases[0], AR).fallback is None
+    for events in cases[:4]:  # through fedpriv's own entry points, with its relation
+        relation = accounting._relation_enum(events[0].relation)
+        direct = dp_pld.PLDAccountant(relation, value_discretization_interval=accounting.PLD_DISCRETIZATION)
+        for e in events:
+            direct.compose(e.dp_event())
+        assert epsilon_for(events, 1e-6, "pld").epsilon == float(direct.get_epsilon(1e-6)), events
+        assert delta_for(events, 2.5, "pld").delta == float(direct.get_delta(2.5)), events
+    accounting._leaf_pld.cache_clear()
+    run = GaussianSteps("poisson", 1.3, 50_000, 5_000, 10, unit="user")
+    epsilon_for(run, 1e-5, "pld")
+    misses = accounting._leaf_pld.cache_info().misses
+    for steps in (11, 120, 200):
+        epsilon_for(run.with_steps(steps), 1e-5, "pld")
+    assert accounting._leaf_pld.cache_info().misses == misses
