@@ -637,7 +637,7 @@ class CanariesConfig(_Strict):
     """
 
     words: int = Field(5, ge=3, description="k: words per canary (NWP); the RS test scores the last k - rs_prefix")
-    per_config: int = Field(10, ge=1, description="canaries per (p_u, p_e) configuration")
+    per_config: int = Field(10, ge=1, le=100_000, description="canaries per (p_u, p_e) configuration (at most 100,000: each is drawn, planted and audited)")
     user_probabilities: list[float] = Field([1 / 50_000, 3 / 50_000, 1 / 5_000], min_length=1, description="p_u values")
     example_probabilities: list[float] = Field([0.01, 0.1, 1.0], min_length=1, description="p_e values")
     distribution: Literal["uniform", "unigram"] = Field("uniform", description="canary words drawn uniformly from the vocabulary or by training-word frequency")

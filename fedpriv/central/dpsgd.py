@@ -119,6 +119,9 @@ class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
                 f"XLA_FLAGS=--xla_force_host_platform_device_count={dp.devices} before starting"
             )
         self.P = dp.devices
+        if dp.micro_batch_size is not None and dp.micro_batch_size > n:
+            raise PrivacyParameterError(f"privacy.micro_batch_size = {dp.micro_batch_size} exceeds the {n} training {self.batch_unit}: a micro-step holds at most all of them "
+                                        f"(each is padded to micro_batch_size); use at most {n}, or leave it unset (the whole batch)")
         self.b = dp.micro_batch_size or math.ceil(b_logical / self.P)
         self.rows = self.P * self.b  # units (examples, or users) per micro-step
         self.T = math.ceil(b_logical / self.rows)  # micro-steps per logical batch (fixed-size sampling)

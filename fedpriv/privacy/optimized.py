@@ -217,13 +217,16 @@ def strategy_for(mechanism: str, coefficients: str, bands: int | None, buffers: 
     name = (lambda k: f"--{k}") if key == "--" else (lambda k: f"{key}.{k}" if key else k)
     if coefficients not in COEFFICIENTS:
         _fail(f"{name('coefficients')} must be one of {', '.join(COEFFICIENTS)}, got {coefficients!r}")
-    if coefficients == "fixed":
-        return make_strategy(mechanism, bands or 1, buffers or 4)
     size = (bands or 1) if mechanism == "banded-mf" else (buffers or 4)
-    if mechanism == "banded-mf" and schedule.sampling == "cyclic" and size > schedule.groups:
+    if coefficients == "optimized" and mechanism == "banded-mf" and schedule.sampling == "cyclic" and size > schedule.groups:
         _fail(
             f"{name('coefficients')} = 'optimized' with {name('bands')} = {size} > the cyclic schedule's groups N // m = {schedule.groups}: "
             f"jax-privacy's banded optimizer assumes one unit's participations touch disjoint rows of C (bands <= b); use at most {schedule.groups} bands"
         )
+    if mechanism == "banded-mf" and size > schedule.steps:
+        _fail(f"{name('bands')} = {size} > the run's {schedule.steps} steps: bands past the last step change no noise, but each holds a model-sized "
+              f"buffer of noise state; use at most {schedule.steps}")
+    if coefficients == "fixed":
+        return make_strategy(mechanism, bands or 1, buffers or 4)
     spec = OptimizationSpec(mechanism, int(schedule.steps), int(schedule.groups), int(schedule.max_participations), int(size), schedule.sampling)
     return resolve_strategy(spec, path, log)
