@@ -256,18 +256,26 @@ def supports_pld(events: list[GaussianSteps]) -> bool:
 @functools.lru_cache(maxsize=4096)
 def _rdp_of_event(event: dp_accounting.DpEvent, relation: dp_accounting.NeighboringRelation) -> np.ndarray:
     """The RDP vector (at :data:`RDP_ORDERS`) of one event, from dp_accounting's RdpAccountant
-    (remembered: read-only). Sampling without replacement, a fraction of a second of CPU per event
-    even so, goes through :func:`rdp_sample_wor_gaussian`: dp_accounting's formula and operations,
-    the same floats, 2-3x faster."""
+    (remembered: read-only). A Gaussian sampled without replacement (replace-one) or by Poisson
+    sampling (add-or-remove-one), a fraction of a second of CPU per event even so, goes through
+    :func:`rdp_sample_wor_gaussian` or :func:`rdp_poisson_gaussian`: dp_accounting's formulas and
+    operations, the same floats, several times faster."""
     import dp_accounting
 
+    from fedpriv.privacy.rdp_poisson import rdp_poisson_gaussian
     from fedpriv.privacy.rdp_wor import rdp_sample_wor_gaussian
 
-    sigma = dp_accounting.rdp.rdp_privacy_accountant._effective_gaussian_noise_multiplier(event.event) if isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent) else None
-    if isinstance(sigma, float) and relation is dp_accounting.NeighboringRelation.REPLACE_ONE:
-        orders = np.array(RDP_ORDERS)  # what RdpAccountant.compose does for this event, step by step
+    effective = dp_accounting.rdp.rdp_privacy_accountant._effective_gaussian_noise_multiplier
+    wor = isinstance(event, dp_accounting.SampledWithoutReplacementDpEvent) and relation is dp_accounting.NeighboringRelation.REPLACE_ONE
+    poisson = isinstance(event, dp_accounting.PoissonSampledDpEvent) and relation is dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
+    sigma = effective(event.event) if wor or poisson else None
+    if isinstance(sigma, float):  # what RdpAccountant.compose does for this event, step by step
+        orders = np.array(RDP_ORDERS)
         rdp = np.zeros_like(RDP_ORDERS, dtype=np.float64)
-        rdp += 1 * rdp_sample_wor_gaussian(q=event.sample_size / event.source_dataset_size, sigma=sigma, orders=orders)
+        if wor:
+            rdp += 1 * rdp_sample_wor_gaussian(q=event.sample_size / event.source_dataset_size, sigma=sigma, orders=orders)
+        else:
+            rdp += 1 * rdp_poisson_gaussian(q=event.sampling_probability, sigma=sigma, orders=orders)
     else:
         acc = dp_accounting.rdp.RdpAccountant(RDP_ORDERS, relation)
         acc.compose(event)
