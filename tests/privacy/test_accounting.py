@@ -353,9 +353,12 @@ def test_pld_answers_are_dp_accountings_to_the_bit_and_each_leaf_built_once():
         for delta in (1e-5, 1e-8):
             assert ours.get_epsilon(delta) == direct.get_epsilon(delta), events
         assert ours.get_delta(3.0) == direct.get_delta(3.0), events
+    ours = accounting.ComposedPld(cases[1], AR)  # unsampled steps: one Gaussian of sigma / sqrt(count)
+    direct = dp_pld.PLDAccountant(AR, value_discretization_interval=accounting.PLD_DISCRETIZATION).compose(cases[1][0].dp_event())
+    assert ours.get_epsilon(1e-5) == direct.get_epsilon(1e-5) and ours.get_delta(3.0) == direct.get_delta(3.0)
     assert accounting.ComposedPld(cases[-1], AR).get_epsilon(1e-5) == math.inf
     assert accounting.ComposedPld(cases[-2], AR).fallback is not None and accounting.ComposedPld(cases[0], AR).fallback is None
-    for events in cases[:4]:  # through fedpriv's own entry points, with its relation
+    for events in (cases[0], cases[2], cases[3]):  # through fedpriv's own entry points, with its relation
         relation = accounting._relation_enum(events[0].relation)
         direct = dp_pld.PLDAccountant(relation, value_discretization_interval=accounting.PLD_DISCRETIZATION)
         for e in events:
