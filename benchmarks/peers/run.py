@@ -626,7 +626,7 @@ def page() -> str:
          "with one (load average 2 to 4), which inflates every absolute time.", "",
          "`make bench-peers` (also the last step of `make bench`) builds the peers' environments if missing and runs every section, "
          "`epsilon,opacus-nwp,opacus-bert,flower,tff,tf-keras,pfl`, with `--repeats 2` (override: `make bench-peers BENCH_PEERS_SECTIONS=... "
-         "BENCH_PEERS_ARGS=...`; the slowest are `pfl`, 20 minutes here with `--repeats 1 --pfl-rounds 1 --pfl-dp-cohorts 100` and about an hour with the defaults, "
+         "BENCH_PEERS_ARGS=...`; the slowest are `pfl`, 8 minutes with the defaults here when the machine has no other load (about an hour under a load average of 8-12), "
          "`opacus-bert`, 4 to 16 minutes here depending on the load, and `tf-keras`, about 6). "
          "A section not rerun keeps its last result (and its own command line) on the page: from `.bench-envs/results/` where "
          "it is, else the block already on this page (the results are not committed).", ""]
@@ -888,6 +888,27 @@ def page() -> str:
     return order_sections("\n".join(L) + "\n")
 
 
+def pfl_reading(t: list[dict], fl: dict) -> list[str]:
+    """What the timing rows say about where the time goes, with the per-step arithmetic from them."""
+    L = ["Reading these numbers: on a CPU the engines compute the same local steps, one client after another (fedpriv's "
+         "`scan` removes the per-client overhead; XLA's CPU runtime and torch each spread a step's matrix products over the "
+         "cores). A step of the 10,004-word output layer is arithmetic a CPU cannot skip, so no engine can be many times "
+         "faster than another one that is itself near that cost."]
+    m_big = max((m for m in fl), default=None)
+    mine = next((r for r in t if r.get("cohort") == m_big and r.get("variant") == "fedavg" and "error" not in r), None)
+    if mine and mine.get("local_steps"):
+        f = fl[m_big]
+        ms_fp = 1000 * mine["fedpriv_median_s"] / mine["local_steps"]
+        ms_fl = 1000 * f["median_s"] / mine["local_steps"]
+        L[0] += (f" At m = {m_big:,}: fedpriv {ms_fp:.1f} ms of wall time per local step, pfl "
+                 f"{1000 * mine['pfl_median_s'] / mine['local_steps']:.1f} ms, Flower {ms_fl:.1f} ms (its two actors in parallel); "
+                 f"10x Flower would need {ms_fl / 10:.1f} ms per step, {ms_fp / (ms_fl / 10):.1f}x below what fedpriv's compiled step "
+                 "costs here. What Flower adds per client (a message, serialization, a Ray call) is what fedpriv saves; the rest is "
+                 "the step itself. An accelerator computes a chunk's clients at once (`vectorize = \"vmap\"`), which a CPU cannot; "
+                 "`benchmarks/gpu_check.sh` measures that.")
+    return L + [""]
+
+
 def pfl_block(p: dict) -> list[str]:
     L = ["## (h) FedAvg and DP-FedAvg against pfl-research", "", f"Command: `{p['command']}` ({p['when']}); wall {p.get('wall_s')} s.", ""]
     if "error" in p and not p.get("timing"):
@@ -962,12 +983,7 @@ def pfl_block(p: dict) -> list[str]:
         if m >= 1000 and mine and mine["fedpriv_updates_per_s"] < 10 * f["updates_per_s"]:
             goals.append(f"**fedpriv is NOT 10x Flower at m = {m:,}: {mine['fedpriv_updates_per_s'] / f['updates_per_s']:.1f}x.**")
     L += goals + ([""] if goals else [])
-    L += ["Reading these numbers: on a CPU every engine here is compute-bound on the same per-client arithmetic (one client's "
-          "local steps after another; fedpriv's `scan` removes per-client overhead, which is small next to a step of the "
-          "10,004-word output layer). fedpriv's vectorized engine and pfl each run one process; Flower's simulation runs a Ray "
-          "actor per CPU (two here) beside its server, which on a shared, loaded machine is also more shares of the CPU "
-          "scheduler. What vectorizing gains on an accelerator (`vectorize = \"vmap\"`: a chunk's clients at once) a CPU "
-          "cannot give; `benchmarks/gpu_check.sh` measures that.", ""]
+    L += pfl_reading(t, fl)
     eps = p.get("epsilon", [])
     if eps:
         L += ["Accountants on the same DP-FedAvg parameters (Poisson sampling of users with q = m / N, add-or-remove one user, T rounds, "
@@ -1009,7 +1025,7 @@ def main() -> None:
     ap.add_argument("--pfl-model", default="tiny", help="pfl: NWP LSTM size")
     ap.add_argument("--pfl-no-flower", action="store_true", help="pfl: leave Flower's engine out")
     ap.add_argument("--pfl-dp-cohorts", default=None, help="pfl: cohorts at which DP-FedAvg is timed too (default: every cohort)")
-    ap.add_argument("--pfl-threads", type=int, default=1, help="pfl: torch intra-op threads (0: torch's default, one per core)")
+    ap.add_argument("--pfl-threads", type=int, default=0, help="pfl: torch intra-op threads (0, the default: torch's own, one per core, as fedpriv's XLA uses every core)")
     ap.add_argument("--page-only", action="store_true")
     args = ap.parse_args()
     RESULTS.mkdir(parents=True, exist_ok=True)
