@@ -85,7 +85,7 @@ def flwr_env(tmp_path_factory):
     assert not _local_superlinks(home)
 
 
-FEDERATION = "num-supernodes=2 client-resources-num-cpus=2"  # 2 virtual SuperNodes, one ClientApp actor
+FEDERATION = "num-supernodes=3 client-resources-num-cpus=2"  # 3 virtual SuperNodes (the configs' num_supernodes: the ServerApp waits for no more), one ClientApp actor
 
 
 @pytest.mark.skipif(not FLWR.exists(), reason="flwr CLI not installed next to this python")
@@ -127,7 +127,7 @@ clients_per_round = 6
 local_batch_size = 4
 max_local_steps = 2
 [federated.flower]
-num_supernodes = 2
+num_supernodes = 3
 round_timeout_s = 0.01
 """
 LOST = "round 1: every one of the 6 client updates failed (no reply before federated.flower.round_timeout_s); resume the run once the SuperNodes are back"

@@ -167,15 +167,26 @@ def make_client_app(prepare: PrepareFn, config: ExperimentConfig | None = None) 
 
 
 # ---- server ------------------------------------------------------------------------------------
+#: Seconds :func:`wait_for_nodes` waits before it says what it is waiting for.
+NODE_WAIT_NOTE_S = 3.0
+
+
 def wait_for_nodes(grid: Grid, wanted: int, timeout_s: float, log: Callable[[str], None]) -> int:
-    """Wait until ``wanted`` SuperNodes are connected (or ``timeout_s`` passes with at least one)."""
+    """Wait until ``wanted`` SuperNodes are connected (or ``timeout_s`` passes with at least one).
+    Says once, after :data:`NODE_WAIT_NOTE_S`, what it waits for: under ``flwr run`` the federation
+    sets how many SuperNodes there are, and a smaller one than ``wanted`` costs ``timeout_s`` each run."""
     t0 = time.monotonic()
+    said = False
     while True:
         n = len(list(grid.get_node_ids()))
         if n >= wanted or (n >= 1 and time.monotonic() - t0 > timeout_s):
             return n
-        if time.monotonic() - t0 > max(timeout_s, 1.0) * 4:
-            raise ConfigError(f"no SuperNode connected within {4 * timeout_s:.0f} s")
+        if time.monotonic() - t0 > (limit := max(timeout_s, 1.0) * 4):
+            raise ConfigError(f"no SuperNode connected within {limit:.0f} s")
+        if not said and time.monotonic() - t0 > NODE_WAIT_NOTE_S:
+            log(f"waiting up to {timeout_s:.0f} s for {wanted} SuperNodes (federated.flower.num_supernodes), {n} connected so far; "
+                "a federation with fewer nodes runs with those it has once the wait ends (set num_supernodes to its size to skip the wait)")
+            said = True
         time.sleep(0.2)
 
 
