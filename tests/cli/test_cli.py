@@ -107,7 +107,8 @@ def test_config_check_and_demo(capsys, tmp_path):
     assert "ok (experiment 'demo', 16 runs" in capsys.readouterr().out
     # The demo's own experiment, shortened: the same command path, a fraction of the steps.
     text = open("experiments/demo.toml").read()
-    for old, new in [("seeds = [0, 1]", "seeds = [0]"), ("steps = 1500", "steps = 20"), ("steps = 300", "steps = 10"), ("steps = 60", "steps = 3"), ("rounds = 250", "rounds = 2"), ("rounds = 60", "rounds = 2"), ("rs_candidates = 20000", "rs_candidates = 300"), ("extraction_examples = 300", "extraction_examples = 20")]:
+    for old, new in [("seeds = [0, 1]", "seeds = [0]"), ("steps = 1500", "steps = 20"), ("steps = 300", "steps = 10"), ("steps = 60", "steps = 3"), ("rounds = 250", "rounds = 2"), ("rounds = 60", "rounds = 2"), ("rs_candidates = 20000", "rs_candidates = 300"), ("extraction_examples = 300", "extraction_examples = 20"),
+                     ("max_local_steps = 16", "max_local_steps = 2"), ("clients_per_round = 100", "clients_per_round = 40")]:
         assert old in text, old
         text = text.replace(old, new)
     cfg = tmp_path / "demo.toml"
