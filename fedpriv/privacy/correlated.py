@@ -185,10 +185,13 @@ def blt_inverse(buf_decay, output_scale) -> streaming_matrix.StreamingMatrix:
     """C^-1 of a BLT in float32, streaming: the recurrence of jax-privacy's
     ``StreamingMatrixBuilder.build_inverse`` (Alg. 3 of arXiv:2408.08868), x_t = y_t - sum_i s_i b_i,
     then b_i <- d_i b_i + x_t, with the buffers b (shape (buffers, *leaf)) kept as the state. Written
-    elementwise: jax-privacy decays the buffers with ``tensordot(diag(d), b)``, a dense
-    buffers x buffers product; elementwise, a BLT DP-SGD step on the NWP LSTM went from 1.06-1.08x
-    to 1.04-1.05x a Gaussian one on an H100 (docs/correlated_noise.md). Equal to jax-privacy's to
-    float32 rounding (tests)."""
+    elementwise, one buffer at a time: jax-privacy decays the buffers with ``tensordot(diag(d), b)``,
+    a dense buffers x buffers product (elementwise, a BLT DP-SGD step on the NWP LSTM went from
+    1.06-1.08x to 1.04-1.05x a Gaussian one on an H100), and the same recurrence written as
+    broadcasts over the buffers axis (``sum(s[:, None] * b, axis=0)``) compiles on XLA's CPU backend
+    to a loop 25-50x slower than this unrolled form (a (4, 1000, 1000) state: 83 ms against 2.1 ms a
+    step; BLT DP-SGD on the small NWP LSTM 2.6x a Gaussian step, docs/correlated_noise.md). Equal
+    to jax-privacy's to float32 rounding (tests)."""
     from jax_privacy.matrix_factorization import streaming_matrix
 
     d = jnp.asarray(np.asarray(buf_decay, np.float32))
@@ -198,9 +201,12 @@ def blt_inverse(buf_decay, output_scale) -> streaming_matrix.StreamingMatrix:
         return jnp.zeros((d.shape[0],) + tuple(jnp.shape(value)), jnp.float32)
 
     def multiply_next(y, bufs):
-        per_buffer = (-1,) + (1,) * (bufs.ndim - 1)
-        x = y - jnp.sum(s.reshape(per_buffer) * bufs, axis=0)
-        return x, d.reshape(per_buffer) * bufs + x
+        n = bufs.shape[0]
+        acc = s[0] * bufs[0]
+        for i in range(1, n):  # unrolled over the (at most 10) buffers, in order
+            acc = acc + s[i] * bufs[i]
+        x = y - acc
+        return x, jnp.stack([d[i] * bufs[i] + x for i in range(n)])
 
     return streaming_matrix.StreamingMatrix.from_array_implementation(init, multiply_next)
 
