@@ -903,9 +903,14 @@ def pfl_reading(t: list[dict], fl: dict) -> list[str]:
         L[0] += (f" At m = {m_big:,}: fedpriv {ms_fp:.1f} ms of wall time per local step, pfl "
                  f"{1000 * mine['pfl_median_s'] / mine['local_steps']:.1f} ms, Flower {ms_fl:.1f} ms (its two actors in parallel); "
                  f"10x Flower would need {ms_fl / 10:.1f} ms per step, {ms_fp / (ms_fl / 10):.1f}x below what fedpriv's compiled step "
-                 "costs here. What Flower adds per client (a message, serialization, a Ray call) is what fedpriv saves; the rest is "
-                 "the step itself. An accelerator computes a chunk's clients at once (`vectorize = \"vmap\"`), which a CPU cannot; "
+                 "costs here. An accelerator computes a chunk's clients at once (`vectorize = \"vmap\"`), which a CPU cannot; "
                  "`benchmarks/gpu_check.sh` measures that.")
+        cap = 10 * f.get("supernodes", 4) * f.get("users_per_message", 1)
+        if f["updates_per_s"] >= 0.9 * cap:
+            L[0] += (f" Flower's {f['updates_per_s']:.1f} updates/s is at its simulation runtime's cap: each virtual SuperNode is "
+                     f"handed at most one message every 0.1 s, so {f.get('supernodes', 4)} SuperNodes with {f.get('users_per_message', 1)} "
+                     f"user(s) per message pass at most {cap} a second (docs/federated.md); more SuperNodes or users per message "
+                     "lift the cap, not the arithmetic of a step.")
     return L + [""]
 
 
