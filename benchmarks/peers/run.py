@@ -892,8 +892,7 @@ def pfl_reading(t: list[dict], fl: dict) -> list[str]:
     """What the timing rows say about where the time goes, with the per-step arithmetic from them."""
     L = ["Reading these numbers: on a CPU the engines compute the same local steps, one client after another (fedpriv's "
          "`scan` removes the per-client overhead; XLA's CPU runtime and torch each spread a step's matrix products over the "
-         "cores). A step of the 10,004-word output layer is arithmetic a CPU cannot skip, so no engine can be many times "
-         "faster than another one that is itself near that cost."]
+         "cores); a step's arithmetic, dominated by the 10,004-word output layer, is the same in every engine."]
     m_big = max((m for m in fl), default=None)
     mine = next((r for r in t if r.get("cohort") == m_big and r.get("variant") == "fedavg" and "error" not in r), None)
     if mine and mine.get("local_steps"):
