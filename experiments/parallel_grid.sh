@@ -13,6 +13,8 @@ set -u
 EXP=${EXP:-experiments/arxiv-dp.toml}
 SEEDS=${SEEDS:-"0 1"}
 RUNS=${RUNS:-"sgd fedavg fedavg-clip dp-sgd-user dp-fedavg dp-fedavg-poisson dp-sgd-example blt-dp-sgd-user blt-dp-fedavg dp-fedavg-cold"}
+# Several processes share one GPU: JAX must not take 75% of its memory in the first one.
+export XLA_PYTHON_CLIENT_PREALLOCATE=${XLA_PYTHON_CLIENT_PREALLOCATE:-false}
 PY=${PY:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )}
 SETS=${SETS:-}   # e.g. "--set federated.chunk_size=256": given to every run alike
 OUT=${OUT:-/tmp/gridout}; mkdir -p $OUT

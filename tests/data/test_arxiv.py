@@ -176,3 +176,24 @@ def test_the_documented_options_read_the_slice():
     assert c.num_users == 2198
     quoted = re.search(r"note: (examples are sentences .*)", page).group(1)
     assert re.sub(r"[\d,]+ rows of \S+ split into [\d,]+", "", quoted) == re.sub(r"[\d,]+ rows of \S+ split into [\d,]+", "", c.notes[0])
+
+
+def test_the_device_calls_stripped_corpus_reads_as_the_original(tmp_path):
+    """experiments/arxiv_device_call.sh's `corpus` step keeps only first_author and abstract: the
+    loader gives the same users, sentences and order as from the full file (the device report's
+    source is that copy); a file it cannot read fails the step instead of writing a partial copy."""
+    import os
+    import subprocess
+
+    script = Path(__file__).resolve().parents[2] / "experiments" / "arxiv_device_call.sh"
+    env = {**os.environ, "SRC": str(SLICE), "DEST": str(tmp_path / "s.jsonl.gz")}
+    subprocess.run(["bash", str(script), "corpus"], env=env, check=True)
+    stripped = [json.loads(line) for line in gzip.open(tmp_path / "s.jsonl.gz")]
+    assert set(stripped[0]) == {"first_author", "abstract"} and len(stripped) == 3295
+    full, small = (open_corpus(str(p), unit="sentence", **ARXIV) for p in (SLICE, tmp_path / "s.jsonl.gz"))
+    assert small.user_ids == full.user_ids
+    assert [(u, [e.text for e in ex]) for u, ex in small.users()] == [(u, [e.text for e in ex]) for u, ex in full.users()]
+    bad = subprocess.run(["bash", str(script), "corpus"], env={**env, "SRC": str(tmp_path / "missing.gz")}, capture_output=True)
+    assert bad.returncode != 0
+    usage = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+    assert usage.returncode == 2 and "prepare|corpus|run" in usage.stderr

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# The arXiv grid (experiments/arxiv-dp.toml) on a GPU machine that has Python 3.12 with JAX (CUDA),
+# flax and optax but no network, in one call. Two steps:
+#
+#   bash experiments/arxiv_device_call.sh prepare    # here, where PyPI is reachable: fills .devdata/ and .whl/
+#   bash experiments/arxiv_device_call.sh run        # there, in a copy of the repository with .devdata/ and .whl/
+#   SRC=in.jsonl.gz DEST=out.jsonl.gz bash experiments/arxiv_device_call.sh corpus   # prepare's first half alone
+#
+# prepare (= corpus, then the wheels): .devdata/arxiv.jsonl.gz is the corpus with only the two fields the loader reads
+#   (first_author, abstract), in the same order: the same 56,229 users and 642,799 sentences as
+#   ../shared/data/arxiv-csai/abstracts.jsonl.gz (`fedpriv data inspect` gives identical counts),
+#   38 MB instead of 47, so that the repository, the wheels and the corpus travel under 64 MiB.
+#   .whl/ holds benchmarks/gpu_wheels.sh's wheels and jax-privacy (the BLT rows and the audits).
+# run: installs the wheels into /tmp/site, then experiments/parallel_grid.sh on JOBS (default: the
+#   rows in the order the comparison needs them) for GRID seconds, and writes to $OUT (default
+#   ./device-out) gridout.tar.gz (logs, report) and store.tar.gz (every run folder without its
+#   .msgpack files: enough for `fedpriv report`), and prints the public models' SHA-256: runs of
+#   another call merge with these only where those hashes match (docs/private_comparison.md).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+strip_corpus() {  # SRC -> DEST: first_author and abstract only, line by line, gzip -9
+  local src=${SRC:-../shared/data/arxiv-csai/abstracts.jsonl.gz} dest=${DEST:-.devdata/arxiv.jsonl.gz}
+  local py; py=$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3 )
+  mkdir -p "$(dirname "$dest")"
+  gzip -dc "$src" | "$py" -c '
+import json, sys
+for line in sys.stdin:
+    d = json.loads(line)
+    sys.stdout.write(json.dumps({"first_author": d["first_author"], "abstract": d["abstract"]}) + "\n")
+' | gzip -9 > "$dest"
+}
+case "${1:-}" in
+corpus) strip_corpus ;;
+prepare)
+  strip_corpus || exit 1
+  bash benchmarks/gpu_wheels.sh >/dev/null
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform any -d .whl "$(grep -i -E '^jax-privacy==' constraints.txt)"
+  du -sh .devdata .whl
+  ;;
+run)
+  T0=$(date +%s)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 3
+  export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+  OUT=${OUT:-device-out}; mkdir -p "$OUT"
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  ( while sleep 20; do echo "$(( $(date +%s) - T0 )) s $(nvidia-smi --query-gpu=utilization.gpu,memory.used --format=csv,noheader) load $(cut -d' ' -f1 /proc/loadavg)"; done ) > /tmp/smi.log 2>&1 &
+  SMI=$!
+  JOBS=${JOBS:-"dp-fedavg-poisson-s0 dp-fedavg-poisson-s1 dp-sgd-user-s0 dp-sgd-user-s1 sgd-s0 sgd-s1 fedavg-s0 fedavg-s1"}
+  GRID=${GRID:-545}
+  rm -rf /tmp/grid /tmp/gridout
+  EXP=experiments/arxiv-dp.toml SEEDS="0 1" JOBS="$JOBS" BUDGET=$GRID OUT=/tmp/gridout W=/tmp/grid PY=python3 \
+    SETS="--set data.source=.devdata/arxiv.jsonl.gz" timeout $(( GRID + 5 )) bash experiments/parallel_grid.sh
+  echo "grid exit $? after $(( $(date +%s) - T0 )) s"
+  sha256sum /tmp/grid/public-s*/public-s*/params.msgpack
+  kill $SMI 2>/dev/null; cp /tmp/smi.log /tmp/gridout/ 2>/dev/null
+  tar czf "$OUT/gridout.tar.gz" -C /tmp gridout
+  tar czf "$OUT/store.tar.gz" --exclude='*.msgpack' --exclude='.fedpriv.lock' -C /tmp grid
+  echo "total $(( $(date +%s) - T0 )) s"
+  ;;
+*)
+  echo "usage: bash experiments/arxiv_device_call.sh prepare|corpus|run" >&2; exit 2 ;;
+esac
