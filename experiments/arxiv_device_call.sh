@@ -14,8 +14,9 @@
 # run: installs the wheels into /tmp/site, then experiments/parallel_grid.sh on JOBS (default: the
 #   rows in the order the comparison needs them) for GRID seconds, and writes to $OUT (default
 #   ./device-out) gridout.tar.gz (logs, report) and store.tar.gz (every run folder without its
-#   .msgpack files: enough for `fedpriv report`), and prints the public models' SHA-256: runs of
-#   another call merge with these only where those hashes match (docs/private_comparison.md).
+#   .msgpack files: enough for `fedpriv report`), and prints the public models' SHA-256 and whether
+#   they are those of the committed report (docs/examples/arxiv-dp/public_params.sha256): only then
+#   do its runs merge with that report's store (docs/examples/arxiv-dp/store.tar.gz).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 strip_corpus() {  # SRC -> DEST: first_author and abstract only, line by line, gzip -9
@@ -52,7 +53,13 @@ run)
   EXP=experiments/arxiv-dp.toml SEEDS="0 1" JOBS="$JOBS" BUDGET=$GRID OUT=/tmp/gridout W=/tmp/grid PY=python3 \
     SETS="--set data.source=.devdata/arxiv.jsonl.gz" timeout $(( GRID + 5 )) bash experiments/parallel_grid.sh
   echo "grid exit $? after $(( $(date +%s) - T0 )) s"
-  sha256sum /tmp/grid/public-s*/public-s*/params.msgpack
+  (cd /tmp/grid && for s in 0 1; do sha256sum public-s$s/public-s$s/params.msgpack | sed "s| public-s$s/| |"; done) > /tmp/public.sha256
+  cat /tmp/public.sha256
+  if cmp -s /tmp/public.sha256 docs/examples/arxiv-dp/public_params.sha256; then
+    echo "public models: the committed report's (docs/examples/arxiv-dp/public_params.sha256): these rows merge with its store"
+  else
+    echo "public models: NOT the committed report's: these rows do not merge with it (see docs/private_comparison.md)"
+  fi
   kill $SMI 2>/dev/null; cp /tmp/smi.log /tmp/gridout/ 2>/dev/null
   tar czf "$OUT/gridout.tar.gz" -C /tmp gridout
   tar czf "$OUT/store.tar.gz" --exclude='*.msgpack' --exclude='.fedpriv.lock' -C /tmp grid

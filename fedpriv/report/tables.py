@@ -69,13 +69,14 @@ RUN_COLUMNS = [
     "test_perplexity", "test_f1", "target_metric", "target_value", "target_reached", "target_at", "target_when", "target_value_reached",
     "epsilon", "delta", "empirical_epsilon", "empirical_unit", "empirical_canaries", "assumptions", "flag", "not_covered",
 ]
-# comparison.csv columns (one row per run group: a run's seeds together; means and 95% intervals)
+# comparison.csv columns (one row per run group: a run's seeds together; means and 95% intervals;
+# epsilon is the largest of its seeds' (what every run of the group spent at most), epsilon_min the smallest)
 COMPARISON_COLUMNS = [
     "run", "seeds", "training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries",
     "rs_memorized", "rs_memorized_low", "rs_memorized_high", "bs_memorized", "bs_memorized_low", "bs_memorized_high",
     "exposure_mean_bits", "exposure_mean_low", "exposure_mean_high", "exposure_max_bits",
     "utility_metric", "test_utility", "test_utility_low", "test_utility_high", "test_accuracy", "test_perplexity",
-    "target", "epsilon", "delta", "empirical_epsilon", "assumptions", "flag", "not_covered",
+    "target", "epsilon", "epsilon_min", "delta", "empirical_epsilon", "assumptions", "flag", "not_covered",
 ]
 CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds", "comparable"]
 CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits"]
@@ -333,7 +334,8 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
     example, client-side, user) then experiment order, with COMPARISON_COLUMNS: RS/BS memorized
     as counts out of ``canaries`` and exposure in bits, each the mean over seeds and canaries with
     its 95% hierarchical bootstrap interval; the headline utility's mean over seeds with its
-    interval (none with one seed); the secondary metrics' means; flags of any seed."""
+    interval (none with one seed); the secondary metrics' means; epsilon the largest of the seeds'
+    and epsilon_min the smallest; flags of any seed."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for r in run_rows:
         groups.setdefault(r["group"], []).append(r)
@@ -355,7 +357,10 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
         row["test_accuracy"] = _mean([r.get("test_accuracy") for r in rows])
         row["test_perplexity"] = _mean([r.get("test_perplexity") for r in rows])
         row["test_f1"] = _mean([r.get("test_f1") for r in rows])
-        row["epsilon"] = _mean([r.get("epsilon") for r in rows])
+        # a guarantee is per run: the group's epsilon is the largest (every run spent at most that),
+        # never a mean, which would print less than a run spent; runs that stop at a target differ
+        spent = [r.get("epsilon") for r in rows]
+        row["epsilon"], row["epsilon_min"] = (max(spent), min(spent)) if None not in spent else (None, None)
         row["empirical_epsilon"] = _mean([r.get("empirical_epsilon") for r in rows])
         row["empirical_unit"] = first.get("empirical_unit")
         row["target"] = _target_text(rows)
@@ -579,13 +584,15 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def epsilon_text(epsilon: float | None, delta: float | None, unit: str | None = None) -> str:
+def epsilon_text(epsilon: float | None, delta: float | None, unit: str | None = None, low: float | None = None) -> str:
     """'0.578 per user (δ = 0.0001)', or '∞' for a non-private run: an epsilon never appears
-    without the unit it protects."""
+    without the unit it protects. ``low``: the smallest of a group's seeds when they differ
+    ('6.78–8 per user (δ = 1e-05)'; ``epsilon`` is then the largest)."""
     if epsilon is None:
         return "∞"
     per = f" per {unit}" if unit else ""
-    return f"{epsilon:.3g}{per} (δ = {delta:.3g})"
+    spread = f"{low:.3g}–" if low is not None and f"{low:.3g}" != f"{epsilon:.3g}" else ""
+    return f"{spread}{epsilon:.3g}{per} (δ = {delta:.3g})"
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -633,7 +640,7 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             estimate_text(r.get("exposure_mean"), ".3g"), _num(r.get("exposure_max_bits")),
             estimate_text(r.get("test_utility"), ".2f", 100.0), "—" if r.get("test_accuracy") is None else f"{100 * r['test_accuracy']:.2f}",
             _num(r.get("test_perplexity"), ".1f"), r.get("target") or "—", UNIT_TITLES.get(r.get("privacy_unit"), str(r.get("privacy_unit"))),
-            epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit")), "; ".join(f for f in (r.get("flag"), _uncovered_flag(r)) if f),
+            epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit"), r.get("epsilon_min")), "; ".join(f for f in (r.get("flag"), _uncovered_flag(r)) if f),
             r.get("assumptions") or "",
         ])
         if empirical:
@@ -705,7 +712,7 @@ def introduction(name: str, settings: Mapping[str, Any], label: str = "utility")
         "**Batch** is records (or users, for user-level DP-SGD) per step (central; the expected size under Poisson sampling) or users per round (federated). "
         "Rows are grouped by **privacy unit**: an example-level ε protects one example, a user-level ε one user's whole data, "
         "and the two are different promises; a run that starts from a pretrained encoder carries its chain's ε (vocabulary and "
-        "pretraining composed, per example of its data), and when its own training is not private its unit says so (encoder only). **ε** is at the δ shown; the neighbouring relation (add-or-remove-one or replace-one), "
+        "pretraining composed, per example of its data), and when its own training is not private its unit says so (encoder only). **ε** is at the δ shown, spent by each run (with seeds, the range over them: a run that stops at its target spends less); the neighbouring relation (add-or-remove-one or replace-one), "
         "the sampling and the accountant are stated in the assumptions column. ∞ / not private: no noise was added.",
         "",
     ]

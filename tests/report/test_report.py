@@ -34,6 +34,7 @@ from fedpriv.report.tables import (
     configuration_rows,
     contrast_rows,
     contrast_table_lines,
+    group_csv_rows,
     group_rows,
     data_label,
     epsilon_curves,
@@ -444,6 +445,29 @@ def test_seeds_of_a_run_are_one_row_with_intervals():
     assert sgd["exposure_mean"].mean == pytest.approx((7.5 + 8.5) / 2)
     line = comparison_table_lines(rows)[2]
     assert "| 3/4 [" in line and "| 20.50 [20.00–21.00] |" in line
+
+
+def test_a_groups_epsilon_is_what_each_seed_spent_at_most_never_a_mean():
+    """Seeds that stop at their target spend different epsilons (8.0 and 6.78 in the arXiv report):
+    the group prints their range and keeps the largest, the bound every run of it holds; a mean
+    (7.39) would print less than one run spent."""
+    runs, summaries = [], {}
+    for group, spent in (("dp", (8.0, 6.78)), ("same", (8.0, 8.0))):
+        for seed, eps in enumerate(spent):
+            name = f"{group}-s{seed}"
+            runs.append({"name": name, "kind": "federated", "group": group, "seed": seed})
+            summaries[name] = _synthetic_summary(name, "federated", group=group, seed=seed, algorithm="DP-FedAvg", clients_per_round=10,
+                                                 epsilon=eps, delta=1e-5, guarantee="user-level, add-or-remove-one", privacy_unit="user")
+    rows = {r["run"]: r for r in group_rows(comparison_rows(runs, summaries), {})}
+    assert (rows["dp"]["epsilon"], rows["dp"]["epsilon_min"]) == (8.0, 6.78)
+    assert (rows["same"]["epsilon"], rows["same"]["epsilon_min"]) == (8.0, 8.0)
+    header, _, *lines = comparison_table_lines(list(rows.values()))
+    col = [c.strip() for c in header.strip("|").split("|")].index("ε (δ)")
+    cells = {line.strip("|").split("|")[0].strip(): line.strip("|").split("|")[col].strip() for line in lines}
+    assert cells["dp"].startswith("6.78–8 ") and cells["dp"].endswith("(δ = 1e-05)")
+    assert cells["same"].startswith("8 ") and "–" not in cells["same"]
+    flat = {r["run"]: r for r in group_csv_rows(list(rows.values()))}
+    assert (flat["dp"]["epsilon"], flat["dp"]["epsilon_min"]) == (8.0, 6.78)
 
 
 def test_contrasts_are_paired_by_seed():
