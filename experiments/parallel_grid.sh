@@ -7,6 +7,9 @@
 #   EXP=experiments/arxiv-dp.toml SEEDS="0 1" BUDGET=3600 OUT=runs/arxiv-dp-logs W=/tmp/grid bash experiments/parallel_grid.sh
 # BUDGET: seconds for the whole grid; a run still training then is killed (its store W/RUN keeps its last
 # checkpoint: `fedpriv run EXP --out W/RUN --only RUN` resumes it, on the same machine). W must not exist yet.
+# PUBLIC_SHA256: a file of "HASH  public-sS/params.msgpack" lines (docs/examples/arxiv-dp/public_params.sha256):
+#   after the public runs, stop (exit 5) unless they have these hashes, before any GPU time goes to rows that could
+#   not join that store.
 # JOBS: run-seed names to run instead of every RUNS x SEEDS (the committed H100 report ran
 #   JOBS="dp-sgd-user-s0 dp-sgd-user-s1 dp-fedavg-poisson-s0 dp-fedavg-poisson-s1 dp-fedavg-s0").
 set -u
@@ -30,6 +33,13 @@ done
 wait
 echo "public runs done after $(( $(date +%s) - T0 )) s"
 for s in $SEEDS; do [ -f $W/public-s$s/public-s$s/summary.json ] || { echo "public-s$s failed:"; tail -5 $OUT/public-s$s.log; exit 4; }; done
+if [ -n "${PUBLIC_SHA256:-}" ]; then   # rows meant to join a committed store: stop unless its public models came out again
+  have=$(cd $W && for s in $SEEDS; do sha256sum public-s$s/public-s$s/params.msgpack | sed "s| public-s$s/| |"; done)
+  if [ "$have" != "$(grep -E "public-s($(echo $SEEDS | tr ' ' '|'))/" "$PUBLIC_SHA256")" ]; then
+    echo "public models differ from $PUBLIC_SHA256: these rows would not merge; stopping"; echo "$have"; exit 5
+  fi
+  echo "public models match $PUBLIC_SHA256"
+fi
 JOBS=${JOBS:-$(for s in $SEEDS; do for r in $RUNS; do echo -n "$r-s$s "; done; done)}   # or name run-seed jobs: JOBS="dp-sgd-user-s0 dp-fedavg-s1"
 for j in $JOBS; do
   s=${j##*-s}; st=$W/$j; cp -a $W/public-s$s $st; rm -f $st/.fedpriv.lock
