@@ -239,7 +239,14 @@ RUN_RECORD = Obj({
                    "federated": Obj({"dp": Obj({"accountant": STR_OR_NULL}, or_null=True)}, or_null=True)}),
 }, ("name", "kind", "config"))
 CONTRAST = Obj({"name": (str,), "a": (str,), "b": (str,)}, ("name", "a", "b"))
-STORE_RECORD = Obj({"name": (str,), "runs": Each(RUN_RECORD, list_=True), "contrasts": Each(CONTRAST, list_=True)}, ("name", "runs"))
+STORE_RECORD = Obj({"name": (str,), "runs": Each(RUN_RECORD, list_=True), "contrasts": Each(CONTRAST, list_=True),
+                    "uncounted_choices": Each((str,), list_=True)}, ("name", "runs"))
+#: ``tune/GROUP.json``: a group's learning-rate (or other key) choice on the validation users.
+TUNING_SHAPE = Obj({
+    "group": (str,), "keys": Each((str,), list_=True), "fraction": NUM, "split": (str,), "metric": (str, type(None)),
+    "candidates": Each(Obj({"values": (dict,), "validation_utility": NUM, "run_dir": (str,)}, ("values", "validation_utility")), list_=True),
+    "winner": (dict,),
+}, ("group", "candidates", "winner"))
 #: ``config.json``: the resolved experiment and the task's headline utility (metric name, label).
 CONFIG_SHAPE = Obj({"experiment": (dict,), "utility": Each((str,), list_=True)})
 

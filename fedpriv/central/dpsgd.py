@@ -293,6 +293,9 @@ class DPSGDStepper(ReplayedNoiseCheckpoints, CentralStepper):
     def stop_reason(self, done: int) -> str | None:
         return self.budget.stop_reason(done)
 
+    def stops_on_data(self, why: str) -> None:
+        self.budget.stops_on_data(why)
+
     def privacy_report(self) -> dict[str, Any]:
         return self.budget.report()
 

@@ -78,9 +78,10 @@ class RecordLevelPrivacy:
         self.coverage = coverage
         self.budget = DPBudget(step_template(cdp), cdp.noise_multiplier, None, cdp.delta, "rdp", key="federated.client_dp")
 
-    def report(self, max_participation: int) -> dict[str, Any]:
+    def report(self, max_participation: int, data_stop: str | None = None) -> dict[str, Any]:
         """``client_epsilon`` at ``client_delta`` and its guarantee when the most frequent user
-        took part in ``max_participation`` rounds."""
+        took part in ``max_participation`` rounds (with ``data_stop``, the reason the run may stop
+        early on its data: the participation of all its rounds, and the guarantee says so)."""
         K, q = self.cdp.local_steps, self.cdp.sampling_rate
         k = max_participation * K
         if k == 0:
@@ -90,5 +91,7 @@ class RecordLevelPrivacy:
         text = (f"record-level, add-or-remove-one example: {k} Gaussian steps ({max_participation} rounds x {K} local steps, the same for "
                 f"every client; {sampling}; noise multiplier {self.cdp.noise_multiplier}; no amplification from the server's sampling of "
                 f"users); epsilon = {ans.epsilon:.4g} at delta = {self.cdp.delta:g}")
+        if data_stop is not None:
+            text += f"; counted over every round the run may take: it may stop earlier at {data_stop}, a stop that depends on the data"
         extra = self.coverage.statement(ans.epsilon, self.cdp.delta) if self.coverage is not None else ""
         return {"client_epsilon": ans.epsilon, "client_delta": self.cdp.delta, "client_guarantee": f"{text}; {extra}" if extra else text}

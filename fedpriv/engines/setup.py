@@ -76,12 +76,22 @@ class FederatedSetup:
             self.client_dp = ClientDP(cdp.clip_norm, cdp.noise_multiplier, self.fcfg.local_batch_size)
             self.record_level = RecordLevelPrivacy(cdp, coverage(cfg, self.task, "example", private_stats))
             self.participation = Participation(self.core.sampler)
+        self.data_stop: str | None = None
+
+    def stops_on_data(self, why: str) -> None:
+        """The run may stop before its last round for ``why`` (a utility target): both
+        guarantees then count every round it may take (:meth:`DPBudget.stops_on_data`)."""
+        self.data_stop = why
+        if self.core.budget is not None:
+            self.core.budget.stops_on_data(why)
 
     def privacy_report(self, rounds: int) -> dict[str, Any]:
-        """User-level epsilon of the strategy, and record-level epsilon of client-side DP-SGD if on."""
+        """User-level epsilon of the strategy, and record-level epsilon of client-side DP-SGD if on
+        (after ``rounds``, or after all rounds when the stop depends on the data)."""
         out = self.core.privacy_report()
         if self.record_level is not None:
-            out.update(self.record_level.report(self.participation.max_after(rounds)))
+            upto = self.fcfg.rounds if self.data_stop is not None else rounds
+            out.update(self.record_level.report(self.participation.max_after(upto), self.data_stop))
         return out
 
     @property
@@ -227,6 +237,9 @@ class RoundStepper(Stepper):
 
     def stop_reason(self, done: int) -> str | None:
         return self.setup.core.stop_reason(done)
+
+    def stops_on_data(self, why: str) -> None:
+        self.setup.stops_on_data(why)
 
     def describe(self, done: int, row: dict[str, Any], eval_rows: list[dict[str, Any]], seconds: float, since: int) -> str:
         parts = [f"round {done}/{self.total}", f"clients {row.get('clients', 0)}"]

@@ -9,7 +9,13 @@ client-side DP-SGD all hold one :class:`DPBudget`:
   in the :class:`~fedpriv.privacy.ledger.PrivacyLedger`;
 * with an epsilon budget, the run stops cleanly before a step would take epsilon above it;
 * :meth:`report` states epsilon at delta with its unit, neighbouring relation and sampling, and
-  :meth:`resume` refuses a ledger that does not match the checkpoint or these parameters.
+  :meth:`resume` refuses a ledger that does not match the checkpoint or these parameters;
+* a run that may stop early on a test of what it trained (a utility target on the validation
+  users, :meth:`stops_on_data`) promises the epsilon of the most steps it may take
+  (``max_steps``): when it stops depends on the data, and a guarantee of the steps actually taken
+  would be an ex-post figure, not differential privacy (Ligett et al. 2017; a release that stops
+  at round 1 and one that runs to the end are told apart by their length, and only the whole
+  schedule's epsilon bounds both). The steps taken are still reported, as ``epsilon_spent``.
 
 Every guarantee ends with where the noise came from (``note``,
 :data:`fedpriv.privacy.streams.SIMULATION_NOTE` unless the run has ``--secure-noise``).
@@ -73,6 +79,9 @@ class DPBudget:
                 raise PrivacyParameterError(f"{key}.epsilon_budget needs a noise multiplier > 0")
             self.max_steps = steps_within_budget(self.event, epsilon_budget, delta, accountant, self.planned, f"{key}.epsilon_budget", step_word, say)
         self.ledger = PrivacyLedger()
+        #: Why the run may stop before ``max_steps`` on what it trained (``stops_on_data``), or None.
+        self.data_stop: str | None = None
+        self._promised: PrivacyAnswer | None = None
         #: What the guarantee must add (a non-private vocabulary, filters, logged statistics): an
         #: object with ``statement(epsilon, delta) -> str`` (:class:`fedpriv.training.coverage.Coverage`), or None.
         self.coverage: Any = None
@@ -80,6 +89,24 @@ class DPBudget:
     def _guarantee(self, text: str, epsilon: float | None, delta: float | None) -> str:
         extra = self.coverage.statement(epsilon, delta) if self.coverage is not None else ""
         return f"{text}; {extra}" if extra else text
+
+    def stops_on_data(self, why: str) -> None:
+        """The run may stop before ``max_steps`` for ``why`` (e.g. "a utility target on the
+        validation users"), a test of its own parameters: from now on :meth:`report` promises
+        the epsilon of ``max_steps`` steps and reports the steps taken as ``epsilon_spent``."""
+        self.data_stop = why
+
+    def promised(self) -> PrivacyAnswer | None:
+        """epsilon at delta of everything the run may release: ``max_steps`` steps when the stop
+        depends on the data (:meth:`stops_on_data`), else the steps recorded (None before any, or
+        without noise)."""
+        if self.event is None:
+            return None
+        if self.data_stop is None:
+            return self.answer()
+        if self._promised is None:
+            self._promised = self.epsilon_after(self.max_steps)
+        return self._promised
 
     def record(self) -> None:
         """Record one step's event (nothing without noise)."""
@@ -105,6 +132,14 @@ class DPBudget:
         if self.event is None:
             return {"epsilon": None, "delta": self.delta, "guarantee": "none (noise multiplier 0)", "basis": "no noise"}
         a = self.answer()
+        if self.data_stop is not None:
+            p = self.promised()
+            w, taken = self.step_word, self.ledger.steps
+            spent = a.epsilon if a is not None else 0.0
+            text = (f"{self._guarantee(p.describe(), p.epsilon, p.delta)}; the run may stop before {w} {self.max_steps} at {self.data_stop}, "
+                    f"a stop that depends on the data, so the guarantee is that of all {self.max_steps} {w}s; the {taken} {w}s taken alone "
+                    f"give epsilon {spent:.4g}, an ex-post figure that is not a guarantee; {self.note}")
+            return {"epsilon": p.epsilon, "delta": p.delta, "epsilon_spent": spent, "promised_steps": self.max_steps, "guarantee": text, "basis": self.event.basis()}
         if a is None:
             return {"epsilon": 0.0, "delta": self.delta, "guarantee": f"no {self.step_word}s yet; {self.note}", "basis": self.event.basis()}
         return {"epsilon": a.epsilon, "delta": a.delta, "guarantee": f"{self._guarantee(a.describe(), a.epsilon, a.delta)}; {self.note}", "basis": self.event.basis()}

@@ -46,9 +46,13 @@ from fedpriv.report import plots
 from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown, source_key
 from fedpriv.report.intervals import Estimate, interval, paired_difference
 from fedpriv.report.measurements import write_measurements
+from fedpriv.report.stopping import promised_summary
 from fedpriv.report.warmstart import public_flag, public_notes, start_label
 from fedpriv.training.coverage import PUBLIC_VOCAB_USERS
-from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, RunDir, claim, hold, read_store_record
+from fedpriv.config import name_problem
+from fedpriv.jsonio import read_json
+from fedpriv.report.uncounted import uncounted_lines
+from fedpriv.rundir import AUDIT_JSON, EXPERIMENT, LEDGER, TUNE_DIR, TUNING_SHAPE, RunDir, claim, expect_shape, hold, read_store_record
 
 REPORT_DIR = "report"
 MAX_CURVES = 12  # DP runs drawn in epsilon_vs_parameters.png (one row of panels each)
@@ -96,6 +100,8 @@ class StoreContents:
     ledgers: dict[str, list[GaussianSteps]] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)  # run name -> why (failed.json): never compared
     contrasts: list[dict[str, str]] = field(default_factory=list)
+    uncounted_choices: list[str] = field(default_factory=list)  # the experiment file's, as given
+    tunings: dict[str, dict[str, Any]] = field(default_factory=dict)  # group -> its tune/GROUP.json record
     started: dict[str, str] = field(default_factory=dict)  # run name -> where it stopped (a run folder with metrics, no summary)
 
 
@@ -107,7 +113,7 @@ def read_store(store: Path) -> StoreContents:
     if not exp_path.is_file():
         raise FedprivError(f"{store}: not a run store (no {EXPERIMENT}); make one with fedpriv run EXPERIMENT.toml --out {store}")
     exp = read_store_record(store)
-    out = StoreContents(exp["name"], exp["runs"], contrasts=list(exp.get("contrasts", [])))
+    out = StoreContents(exp["name"], exp["runs"], contrasts=list(exp.get("contrasts", [])), uncounted_choices=list(exp.get("uncounted_choices", [])))
     for run in out.runs:
         rd = RunDir(store / run["name"])
         failed = rd.failure()
@@ -120,6 +126,10 @@ def read_store(store: Path) -> StoreContents:
                 out.started[run["name"]] = where
             continue
         out.summaries[run["name"]] = rd.summary()
+        group = out.summaries[run["name"]].get("group") or run["name"]
+        tuned = store / TUNE_DIR / f"{group}.json"
+        if out.summaries[run["name"]].get("tuned") and group not in out.tunings and not name_problem(group) and tuned.is_file():
+            out.tunings[group] = expect_shape(read_json(tuned, "tuning record"), tuned, "tuning record", TUNING_SHAPE)
         rd.metrics()  # the rows the summary came from: a damaged or doubled metrics.jsonl is refused, naming the line
         if rd.has(AUDIT_JSON):
             audit = rd.audit()
@@ -127,6 +137,7 @@ def read_store(store: Path) -> StoreContents:
             out.audit_settings = out.audit_settings or dict(audit.get("settings", {}))
         if rd.has(LEDGER):
             out.ledgers[run["name"]] = PrivacyLedger.load(rd.file(LEDGER)).entries
+            out.summaries[run["name"]] = promised_summary(out.summaries[run["name"]], out.ledgers[run["name"]], run.get("config") or {})
     return out
 
 
@@ -206,7 +217,7 @@ def run_flag(summary: Mapping[str, Any]) -> str:
     t = summary.get("target")
     if t and not t.get("reached"):
         best = t.get("reached_value")
-        flags.append(f"missed the utility target ({'best ' + format(best, '.4g') if best is not None else 'no validation evaluation'} < {t['value']:g}): not comparable")
+        flags.append(f"missed the utility target ({'best ' + f'{100 * best:.2f}%' if best is not None else 'no validation evaluation'} < {100 * t['value']:.2f}% on validation): not comparable")
     return "; ".join(flags)
 
 
@@ -357,18 +368,32 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
         row["test_accuracy"] = _mean([r.get("test_accuracy") for r in rows])
         row["test_perplexity"] = _mean([r.get("test_perplexity") for r in rows])
         row["test_f1"] = _mean([r.get("test_f1") for r in rows])
-        # a guarantee is per run: the group's epsilon is the largest (every run spent at most that),
-        # never a mean, which would print less than a run spent; runs that stop at a target differ
+        # a guarantee is per run: the group's epsilon is the largest (every run promises at most that),
+        # never a mean, which would print less than a run promises (seeds differ: their populations do)
         spent = [r.get("epsilon") for r in rows]
         row["epsilon"], row["epsilon_min"] = (max(spent), min(spent)) if None not in spent else (None, None)
+        kinds = {guarantee_kind(r) for r in rows}
         row["empirical_epsilon"] = _mean([r.get("empirical_epsilon") for r in rows])
         row["empirical_unit"] = first.get("empirical_unit")
         row["target"] = _target_text(rows)
         flags = [f"{r['run']}: {r['flag']}" if len(rows) > 1 else r["flag"] for r in rows if r.get("flag")]
+        if len(kinds) > 1:  # one ε column cannot hold two promises: say so rather than print the first seed's
+            flags.append("its seeds' guarantees differ in unit, δ or neighbouring relation (" + "; ".join(
+                f"{r['run']}: {' '.join(str(k) for k in guarantee_kind(r) if k)}" for r in rows) + "): the ε shown is not one promise")
         row["flag"] = "; ".join(flags)
         out.append(row)
     order = {name: i for i, name in enumerate(groups)}
     return sorted(out, key=lambda r: (UNIT_ORDER.get(r.get("privacy_unit"), 9), order[r["run"]]))
+
+
+RELATIONS = ("add-or-remove-one", "replace-one", "zero-out-one")
+
+
+def guarantee_kind(row: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What must agree for two runs' epsilons to be one promise: the privacy unit, δ and the
+    neighbouring relation (named in the guarantee; None where it names none)."""
+    text = row.get("assumptions") or ""
+    return (row.get("privacy_unit"), row.get("delta"), next((r for r in RELATIONS if r in text), None))
 
 
 def _mean(values: Sequence[Any]) -> float | None:
@@ -584,15 +609,29 @@ def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def epsilon_text(epsilon: float | None, delta: float | None, unit: str | None = None, low: float | None = None) -> str:
+def epsilon_text(epsilon: float | None, delta: float | None, unit: str | None = None, low: float | None = None, relation: str | None = None) -> str:
     """'0.578 per user (δ = 0.0001)', or '∞' for a non-private run: an epsilon never appears
     without the unit it protects. ``low``: the smallest of a group's seeds when they differ
-    ('6.78–8 per user (δ = 1e-05)'; ``epsilon`` is then the largest)."""
+    ('6.78–8 per user (δ = 1e-05)'; ``epsilon`` is then the largest). ``relation``: the
+    neighbouring relation, named when it is not add-or-remove-one ('8 per user, replace-one
+    (δ = 1e-05)'), so that two relations never look like one promise."""
     if epsilon is None:
         return "∞"
     per = f" per {unit}" if unit else ""
-    spread = f"{low:.3g}–" if low is not None and f"{low:.3g}" != f"{epsilon:.3g}" else ""
-    return f"{spread}{epsilon:.3g}{per} (δ = {delta:.3g})"
+    if relation and relation != RELATIONS[0]:
+        per += f", {relation}"
+    high = f"{round_up(epsilon):.3g}"
+    spread = f"{low:.3g}–" if low is not None and low < epsilon and f"{low:.3g}" != high else ""
+    return f"{spread}{high}{per} (δ = {delta:.3g})"
+
+
+def round_up(value: float, digits: int = 3) -> float:
+    """``value`` rounded up to ``digits`` significant figures: an upper bound printed short must
+    not print less than it is (7.8944 -> 7.9, 7.999 -> 8)."""
+    if value <= 0 or not math.isfinite(value):
+        return value
+    scale = 10.0 ** (math.floor(math.log10(value)) - digits + 1)
+    return math.ceil(round(value / scale, 9)) * scale
 
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> list[str]:
@@ -640,7 +679,7 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             estimate_text(r.get("exposure_mean"), ".3g"), _num(r.get("exposure_max_bits")),
             estimate_text(r.get("test_utility"), ".2f", 100.0), "—" if r.get("test_accuracy") is None else f"{100 * r['test_accuracy']:.2f}",
             _num(r.get("test_perplexity"), ".1f"), r.get("target") or "—", UNIT_TITLES.get(r.get("privacy_unit"), str(r.get("privacy_unit"))),
-            epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit"), r.get("epsilon_min")), "; ".join(f for f in (r.get("flag"), _uncovered_flag(r)) if f),
+            epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit"), r.get("epsilon_min"), guarantee_kind(r)[2]), "; ".join(f for f in (r.get("flag"), _uncovered_flag(r)) if f),
             r.get("assumptions") or "",
         ])
         if empirical:
@@ -729,9 +768,10 @@ def comparison_markdown(
     settings: Mapping[str, Any] | None = None,
     contrasts: Sequence[Mapping[str, Any]] = (),
     started: Mapping[str, str] | None = None,
+    uncounted: Sequence[str] = (),
 ) -> str:
     """The whole comparison.md: introduction, comparison table (one row per run group),
-    contrasts, unfinished runs (with where they stopped, ``started``), the by-configuration table,
+    contrasts, what no ε counts (``uncounted``), unfinished runs (with where they stopped, ``started``), the by-configuration table,
     notes, and the plots as image links."""
     started = started or {}
     by_label = rows_by_utility(rows)
@@ -752,6 +792,7 @@ def comparison_markdown(
                   "(it missed the utility target, or did not learn) is not at matched utility: its memorization difference may only say "
                   "that one side trained less.", ""]
         lines += contrast_table_lines(contrasts)
+    lines += list(uncounted)  # what no ε counts (fedpriv.report.uncounted)
     if unfinished:
         lines += ["", "Not finished (no summary.json): " + ", ".join(f"{name} ({started[name]})" if name in started else name for name in unfinished) + "."]
     lines += ["", "## Memorized canaries by configuration", "",
@@ -835,6 +876,8 @@ def dp_curves(contents: StoreContents, notes: list[str]) -> list[dict[str, Any]]
         if len(events) != 1:
             notes.append(f"{run['name']}: the ledger has {len(events)} mechanisms; epsilon curves need one.")
             continue
+        if s.get("promised_steps"):  # a stop on the data: the curves are those of the promise, every step it could take
+            events = [events[0].with_steps(int(s["promised_steps"]))]
         c = epsilon_curves(events, float(s["delta"]), run_accountant(run), s.get("kind", run["kind"]))
         c["run"] = run["name"]
         for p in c["panels"]:
@@ -950,6 +993,7 @@ def _write_report(store: Path, contents: "StoreContents", out: Path) -> Path:
         notes.append(f"Run {name} failed and is not compared: {why}.")
     if write_measurements(store, out) is not None:
         notes.append("Local privacy measurements (plausible deniability N_w / S_w, token inversion accuracy per eta): [measurements.md](measurements.md).")
-    md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, {**contents.summaries, **contents.failed}), notes, drawn, contents.audit_settings, contrasts, contents.started)
+    md = comparison_markdown(contents.name, rows, config_rows, names, unfinished_runs(contents.runs, {**contents.summaries, **contents.failed}), notes, drawn, contents.audit_settings, contrasts, contents.started,
+                             uncounted_lines(contents.summaries, contents.tunings, contents.uncounted_choices))
     (out / "comparison.md").write_text(md, encoding="utf-8")
     return out

@@ -80,7 +80,8 @@ from fedpriv.errors import ConfigError
 MEASURE_KEY = "measure"
 SEEDS_KEY = "seeds"
 #: Top-level keys of an experiment file that are not part of a run's config.
-EXPERIMENT_KEYS = ("runs", MEASURE_KEY, SEEDS_KEY, "contrasts")
+UNCOUNTED_KEY = "uncounted_choices"
+EXPERIMENT_KEYS = ("runs", MEASURE_KEY, SEEDS_KEY, "contrasts", UNCOUNTED_KEY)
 RUN_KEYS = {"name", "kind", "users", "data", "vocab", "task", "training", "privacy", "federated", "canaries", "privatize", "audit", "init", "grid", "tune", "tune_fraction"}
 #: The share of a run's steps (or rounds) each learning-rate trial trains for, by default.
 TUNE_FRACTION = 0.25
@@ -387,14 +388,26 @@ def expand_contrasts(raw: dict[str, Any], specs: list[RunSpec], origin: str = "e
     return out
 
 
+def expand_uncounted(raw: dict[str, Any], origin: str = "experiment") -> list[str]:
+    """The file's ``uncounted_choices``: what the experiment's author chose by looking at private
+    data outside any run (a learning rate probed on the validation users, a model size, a cohort
+    size), one sentence each; the report lists them under what ε does not count."""
+    entries = raw.get(UNCOUNTED_KEY, [])
+    if not isinstance(entries, list) or not all(isinstance(e, str) and e.strip() for e in entries):
+        raise ConfigError(f"{origin}: {UNCOUNTED_KEY} must be a list of non-empty strings (one choice each)")
+    return [" ".join(e.split()) for e in entries]
+
+
 @dataclass(frozen=True)
 class Experiment:
-    """A parsed experiment file: its name, runs, measurements and contrasts."""
+    """A parsed experiment file: its name, runs, measurements, contrasts and the choices it
+    declares that no ε counts."""
 
     name: str
     runs: list[RunSpec]
     measures: list[MeasureConfig]
     contrasts: list[dict[str, str]] = field(default_factory=list)
+    uncounted_choices: list[str] = field(default_factory=list)
 
 
 def read_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | None = None) -> Experiment:
@@ -402,7 +415,7 @@ def read_experiment(path: str | os.PathLike[str], overrides: dict[str, Any] | No
     :func:`load_experiment` for ``overrides``)."""
     name, raw, origin = _read_raw(path, overrides)
     specs = _expand_runs(raw, origin)
-    return Experiment(name, specs, expand_measures(raw, specs, origin), expand_contrasts(raw, specs, origin))
+    return Experiment(name, specs, expand_measures(raw, specs, origin), expand_contrasts(raw, specs, origin), expand_uncounted(raw, origin))
 
 
 def _read_raw(path: str | os.PathLike[str], overrides: dict[str, Any] | None) -> tuple[str, dict[str, Any], str]:

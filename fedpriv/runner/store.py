@@ -207,6 +207,8 @@ def _run_store(path: str | os.PathLike[str], store: Path, experiment: Any, chose
         record["measures"] = [m.model_dump() for m in measures]
     if experiment.contrasts:
         record["contrasts"] = experiment.contrasts
+    if experiment.uncounted_choices:
+        record["uncounted_choices"] = experiment.uncounted_choices
     write_json_atomic(store / EXPERIMENT, record)
     specs = chosen
     prepared_by_key: dict[str, Prepared] = {}

@@ -80,7 +80,7 @@ def run_summary(
         if f.clip_norm is not None:
             out["clip_norm"] = f.clip_norm
     if train and train[-1].get("epsilon") is not None:  # DP runs only; the ledger has the rest
-        out.update({k: train[-1][k] for k in ("epsilon", "delta", "guarantee")})
+        out.update({k: train[-1][k] for k in ("epsilon", "delta", "guarantee", "epsilon_spent", "promised_steps") if k in train[-1]})
     if train and train[-1].get("client_epsilon") is not None:  # client-side DP-SGD (record-level)
         out.update({k: train[-1][k] for k in ("client_epsilon", "client_delta", "client_guarantee")})
     metric, label = run.utility()
@@ -162,7 +162,7 @@ def train_summary(prepared: Prepared, kind: str, run_dir: str | os.PathLike[str]
     else:
         out.update(engine=rs["engine"], strategy=c.federated.strategy, rounds=rs["rounds"])
     out.update({f"final_{k[len('eval_'):]}": v for k, v in rs.items() if k.startswith("eval_") and k not in ("eval_split", "eval_source")})
-    out.update({k: rs[k] for k in ("epsilon", "delta", "guarantee", "client_epsilon", "client_delta", "client_guarantee") if k in rs})
+    out.update({k: rs[k] for k in ("epsilon", "delta", "guarantee", "epsilon_spent", "promised_steps", "client_epsilon", "client_delta", "client_guarantee") if k in rs})
     if result.stopped:
         out["stopped"] = result.stopped
     if kind == "central" and c.task.kind == "nwp" and prepared.eval_arrays:

@@ -31,7 +31,7 @@ from typing import Any
 from fedpriv.config import VALIDATION, validate_config
 from fedpriv.errors import DataFormatError, TrainingDiverged
 from fedpriv.jsonio import read_json, write_json_atomic
-from fedpriv.rundir import NUM, TUNE_DIR, Each, Obj, RunDir, expect_shape
+from fedpriv.rundir import TUNE_DIR, TUNING_SHAPE, RunDir, expect_shape
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.grid import RunSpec, set_path
 from fedpriv.training.prepared import Prepared
@@ -103,13 +103,6 @@ def reset_tuning(store: Path, group: str) -> None:
         for d in trials.iterdir():
             if d.is_dir() and d.name.isdigit():
                 RunDir(d).reset()
-
-
-TUNING_SHAPE = Obj({
-    "group": (str,), "keys": Each((str,), list_=True), "fraction": NUM, "split": (str,), "metric": (str, type(None)),
-    "candidates": Each(Obj({"values": (dict,), "validation_utility": NUM, "run_dir": (str,)}, ("values", "validation_utility")), list_=True),
-    "winner": (dict,),
-}, ("group", "candidates", "winner"))
 
 
 def read_tuning(path: Path, spec: RunSpec) -> dict[str, Any]:

@@ -19,7 +19,8 @@ cannot drift apart:
   steps, at the end and on a stop; ``params.msgpack`` when the run ends or stops;
 * a utility target (:class:`Target`): the run stops at the first evaluation whose metric on the
   target's split is at or past the value (the stop is kept in the checkpoint, so a resumed run
-  stays stopped); with ``snapshots``, the parameters of every evaluation are kept too
+  stays stopped); such a stop depends on the data, so a DP run's epsilon is then that of every
+  step it may take (:meth:`Stepper.stops_on_data`), and the steps taken give ``epsilon_spent``; with ``snapshots``, the parameters of every evaluation are kept too
   (``params-<step>.msgpack``), for audits along training.
 
 Everything a step depends on is a function of (config, seed, step index), so a run killed after a
@@ -150,6 +151,11 @@ class Stepper:
         """A reason to stop before the next step (e.g. it would exceed the epsilon budget), or None."""
         return None
 
+    def stops_on_data(self, why: str) -> None:
+        """The run may stop before ``total`` for ``why``, a test of its own parameters (a utility
+        target): a DP stepper's guarantee is then that of every step it may take
+        (:meth:`fedpriv.privacy.budget.DPBudget.stops_on_data`); nothing to do without DP."""
+
     def describe(self, done: int, row: dict[str, Any], eval_rows: list[dict[str, Any]], seconds: float, since: int) -> str:
         """The progress line after a train row (``since``: steps done in this call)."""
         return f"{self.unit} {done}/{self.total}"
@@ -258,6 +264,8 @@ def run_loop(
     failed = run.failure()
     if failed is not None:
         raise FedprivError(f"{run.path}: this run failed ({failed['reason']}); {RESTART_HINT}")
+    if target is not None:  # when the run stops depends on the data: its epsilon is that of every step it may take
+        stepper.stops_on_data(f"its utility target ({target.metric} >= {target.value:g} on the {target.split} users)")
     state = stepper.init_state(initial if initial is not None else task.init_params(init_key(seed)))
     start, pending, kept_stop = 0, [], None
     resumed = run.load_checkpoint(stepper.checkpoint_state(state))

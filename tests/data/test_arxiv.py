@@ -186,14 +186,20 @@ def test_the_device_calls_stripped_corpus_reads_as_the_original(tmp_path):
     import subprocess
 
     script = Path(__file__).resolve().parents[2] / "experiments" / "arxiv_device_call.sh"
-    env = {**os.environ, "SRC": str(SLICE), "DEST": str(tmp_path / "s.jsonl.gz")}
-    subprocess.run(["bash", str(script), "corpus"], env=env, check=True)
+    env = {**os.environ, "SRC": str(SLICE), "DEST": "s.jsonl.gz"}  # DEST relative to the caller's directory
+    subprocess.run(["bash", str(script), "corpus"], env=env, cwd=tmp_path, check=True)
     stripped = [json.loads(line) for line in gzip.open(tmp_path / "s.jsonl.gz")]
     assert set(stripped[0]) == {"first_author", "abstract"} and len(stripped) == 3295
     full, small = (open_corpus(str(p), unit="sentence", **ARXIV) for p in (SLICE, tmp_path / "s.jsonl.gz"))
     assert small.user_ids == full.user_ids
     assert [(u, [e.text for e in ex]) for u, ex in small.users()] == [(u, [e.text for e in ex]) for u, ex in full.users()]
-    bad = subprocess.run(["bash", str(script), "corpus"], env={**env, "SRC": str(tmp_path / "missing.gz")}, capture_output=True)
-    assert bad.returncode != 0
+    good = (tmp_path / "s.jsonl.gz").read_bytes()
+    truncated = tmp_path / "truncated.gz"
+    truncated.write_bytes(SLICE.read_bytes()[: SLICE.stat().st_size // 2])
+    for src in (tmp_path / "missing.gz", truncated):
+        bad = subprocess.run(["bash", str(script), "corpus"], env={**env, "SRC": str(src)}, cwd=tmp_path, capture_output=True)
+        assert bad.returncode != 0
+        assert (tmp_path / "s.jsonl.gz").read_bytes() == good  # the earlier copy is left as it was
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["s.jsonl.gz", "truncated.gz"]  # no partial file
     usage = subprocess.run(["bash", str(script)], capture_output=True, text=True)
     assert usage.returncode == 2 and "prepare|corpus|run" in usage.stderr

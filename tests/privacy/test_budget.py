@@ -107,3 +107,29 @@ def test_a_ledger_one_write_off_its_checkpoint_is_the_checkpoints_steps(tmp_path
     missing = DPBudget(template(), 1.1, None, DELTA)
     missing.resume(tmp_path / "none.json", done)  # killed before the first ledger write
     assert missing.ledger.to_json() == uninterrupted(done).ledger.to_json()
+
+
+def test_a_stop_on_the_data_promises_every_planned_step_and_reports_the_steps_taken():
+    """A run that stops at a utility target stops when the data says: its guarantee is that of all
+    the steps it may take (here 50), computed with dp_accounting; the 7 taken are ex-post only."""
+    b = DPBudget(template(), 1.0, None, DELTA)
+    b.stops_on_data("its utility target")
+    for _ in range(7):
+        b.record()
+    r = b.report()
+    acc = dp_accounting.rdp.RdpAccountant(list(RDP_ORDERS))
+    acc.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(B / N, dp_accounting.GaussianDpEvent(1.0)), STEPS))
+    assert r["epsilon"] == pytest.approx(acc.get_epsilon(DELTA), rel=1e-12)
+    assert r["epsilon_spent"] == pytest.approx(epsilon_for(GaussianSteps("poisson", 1.0, N, B, 7), DELTA).epsilon, rel=1e-12)
+    assert r["epsilon_spent"] < 0.95 * r["epsilon"]  # the two differ by more than rounding
+    assert f"{STEPS} steps" in r["guarantee"] and "depends on the data" in r["guarantee"] and "ex-post" in r["guarantee"]
+
+
+def test_a_stop_on_the_data_within_an_epsilon_budget_promises_the_budgets_steps():
+    ev = GaussianSteps("poisson", 1.0, N, B, 1)
+    budget = epsilon_for(ev.with_steps(20), DELTA).epsilon * 1.0001
+    b = DPBudget(template(), 1.0, None, DELTA, epsilon_budget=budget)
+    b.stops_on_data("its utility target")
+    b.record()
+    promised = b.report()["epsilon"]
+    assert promised == pytest.approx(epsilon_for(ev.with_steps(20), DELTA).epsilon, rel=1e-12) and promised <= budget

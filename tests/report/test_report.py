@@ -24,6 +24,8 @@ from fedpriv.errors import FedprivError
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.report import plots
+from fedpriv.report.stopping import promised_summary
+from fedpriv.report.uncounted import uncounted_lines
 from fedpriv.rundir import LEDGER, RunDir
 from fedpriv.report.tables import (
     NOT_PRIVATE,
@@ -36,6 +38,7 @@ from fedpriv.report.tables import (
     contrast_table_lines,
     group_csv_rows,
     group_rows,
+    round_up,
     data_label,
     epsilon_curves,
     run_accountant,
@@ -200,7 +203,8 @@ def test_comparison_rows_match_summaries_and_audits(store, report):
         if row["run"] in DP_RUNS:
             unit = "user" if row["run"] == "dp-fedavg" else "example"
             assert float(row["epsilon"]) == s["epsilon"] and float(row["delta"]) == s["delta"] and row["privacy_unit"] == unit
-            assert row["assumptions"] == s["guarantee"] and f"{s['epsilon']:.3g} per {unit} (δ = {s['delta']:.3g})" in line
+            relation = ", replace-one" if "replace-one" in s["guarantee"] else ""  # named when not add-or-remove-one
+            assert row["assumptions"] == s["guarantee"] and f"{round_up(s['epsilon']):.3g} per {unit}{relation} (δ = {s['delta']:.3g})" in line  # an upper bound, rounded up
         else:
             assert row["epsilon"] == "" and row["assumptions"] == NOT_PRIVATE and row["privacy_unit"] == ""
             assert "| not private | ∞ |" in line and line.endswith(f"| {NOT_PRIVATE} |")
@@ -447,12 +451,13 @@ def test_seeds_of_a_run_are_one_row_with_intervals():
     assert "| 3/4 [" in line and "| 20.50 [20.00–21.00] |" in line
 
 
-def test_a_groups_epsilon_is_what_each_seed_spent_at_most_never_a_mean():
-    """Seeds that stop at their target spend different epsilons (8.0 and 6.78 in the arXiv report):
-    the group prints their range and keeps the largest, the bound every run of it holds; a mean
-    (7.39) would print less than one run spent."""
+def test_a_groups_epsilon_is_what_each_seed_promises_at_most_never_a_mean():
+    """Seeds promise different epsilons (their populations differ; runs stored before the stop on
+    the data was counted printed 8.0 and 6.78 in the arXiv report): the group prints their range and
+    keeps the largest, whichever seed holds it, rounded up when printed; a mean (7.39) would print
+    less than one run promises, and so would 7.89 for 7.8944."""
     runs, summaries = [], {}
-    for group, spent in (("dp", (8.0, 6.78)), ("same", (8.0, 8.0))):
+    for group, spent in (("dp", (6.78, 8.0)), ("same", (8.0, 8.0)), ("up", (7.8944, 7.8944))):
         for seed, eps in enumerate(spent):
             name = f"{group}-s{seed}"
             runs.append({"name": name, "kind": "federated", "group": group, "seed": seed})
@@ -461,13 +466,61 @@ def test_a_groups_epsilon_is_what_each_seed_spent_at_most_never_a_mean():
     rows = {r["run"]: r for r in group_rows(comparison_rows(runs, summaries), {})}
     assert (rows["dp"]["epsilon"], rows["dp"]["epsilon_min"]) == (8.0, 6.78)
     assert (rows["same"]["epsilon"], rows["same"]["epsilon_min"]) == (8.0, 8.0)
+    assert not any(r["flag"] for r in rows.values())
     header, _, *lines = comparison_table_lines(list(rows.values()))
     col = [c.strip() for c in header.strip("|").split("|")].index("ε (δ)")
     cells = {line.strip("|").split("|")[0].strip(): line.strip("|").split("|")[col].strip() for line in lines}
     assert cells["dp"].startswith("6.78–8 ") and cells["dp"].endswith("(δ = 1e-05)")
     assert cells["same"].startswith("8 ") and "–" not in cells["same"]
+    assert cells["up"].startswith("7.9 per user")
     flat = {r["run"]: r for r in group_csv_rows(list(rows.values()))}
     assert (flat["dp"]["epsilon"], flat["dp"]["epsilon_min"]) == (8.0, 6.78)
+
+
+@pytest.mark.parametrize("second", [dict(delta=1e-3), dict(privacy_unit="example"), dict(guarantee="user-level, replace-one")])
+def test_seeds_whose_guarantees_differ_are_flagged_not_merged_silently(second):
+    """Two seeds of one group trained under different δ, unit or neighbouring relation (a config
+    edited between two calls): one ε column cannot hold both promises, and the row says so."""
+    runs, summaries = [], {}
+    for seed in (0, 1):
+        kw = dict(epsilon=8.0 - 2 * seed, delta=1e-5, guarantee="user-level, add-or-remove-one", privacy_unit="user")
+        if seed == 1:
+            kw.update(second)
+        name = f"dp-s{seed}"
+        runs.append({"name": name, "kind": "federated", "group": "dp", "seed": seed})
+        summaries[name] = _synthetic_summary(name, "federated", group="dp", seed=seed, algorithm="DP-FedAvg", clients_per_round=10, **kw)
+    (row,) = group_rows(comparison_rows(runs, summaries), {})
+    assert "guarantees differ" in row["flag"] and "not one promise" in row["flag"]
+
+
+def test_an_epsilon_of_another_relation_than_add_or_remove_one_names_it_in_its_cell():
+    rows = []
+    for name, relation in (("poisson", "add-or-remove-one"), ("fixed", "replace-one"), ("blt", "zero-out-one")):
+        s = _synthetic_summary(name, "federated", algorithm="DP-FedAvg", clients_per_round=10, epsilon=8.0, delta=1e-5, privacy_unit="user",
+                               guarantee=f"user-level, {relation} user")
+        rows += group_rows(comparison_rows([{"name": name, "kind": "federated"}], {name: s}), {})
+    header, _, *lines = comparison_table_lines(rows)
+    col = [c.strip() for c in header.strip("|").split("|")].index("ε (δ)")
+    cells = [line.strip("|").split("|")[col].strip() for line in lines]
+    assert cells == ["8 per user (δ = 1e-05)", "8 per user, replace-one (δ = 1e-05)", "8 per user, zero-out-one (δ = 1e-05)"]
+
+
+def test_a_run_stored_before_the_stop_on_the_data_was_counted_promises_all_its_planned_steps(tmp_path):
+    """A DP run that stopped at its utility target after 130 of 200 rounds, stored with the epsilon
+    of the 130 (as fedpriv did before): the report promises the epsilon of all 200 (computed here
+    with dp_accounting through epsilon_for), keeps the 130's as epsilon_spent and says why."""
+    event = GaussianSteps("poisson", 1.1, 50_000, 5_000, 130, "user")
+    spent = epsilon_for(event, 1e-5, "pld").epsilon
+    config = {"federated": {"rounds": 200, "dp": {"accountant": "pld", "delta": 1e-5, "epsilon_budget": None}}}
+    stored = _synthetic_summary("r", "federated", epsilon=spent, delta=1e-5, guarantee="user-level, add-or-remove-one user; 130 steps", privacy_unit="user",
+                                target={"metric": "accuracy_no_oov_no_eos", "value": 0.2, "reached": True, "at": "round", "when": 130})
+    out = promised_summary(stored, [event], config)
+    assert out["epsilon"] == pytest.approx(epsilon_for(event.with_steps(200), 1e-5, "pld").epsilon, rel=1e-12) and out["epsilon"] > spent
+    assert out["epsilon_spent"] == spent and out["promised_steps"] == 200 and "all 200 rounds" in out["guarantee"] and "ex-post" in out["guarantee"]
+    assert promised_summary(out, [event], config) == out  # recorded by a new run: unchanged
+    assert promised_summary({**stored, "target": None}, [event], config)["epsilon"] == spent  # no target: no stop on the data
+    central = {"training": {"steps": 130}, "privacy": {"accountant": "pld", "delta": 1e-5}}
+    assert promised_summary({**stored, "kind": "central"}, [event], central)["epsilon"] == spent  # it ran every planned step
 
 
 def test_contrasts_are_paired_by_seed():
@@ -501,7 +554,7 @@ def test_rows_that_did_not_learn_or_missed_the_target_are_flagged():
     }
     rows = {r["run"]: r for r in group_rows(comparison_rows(runs, summaries), {})}
     assert rows["stuck"]["flag"].startswith("did not learn: predicts <oov>/<eos>") and "not comparable" in rows["stuck"]["flag"]
-    assert rows["short"]["flag"] == "missed the utility target (best 0.15 < 0.18): not comparable"
+    assert rows["short"]["flag"] == "missed the utility target (best 15.00% < 18.00% on validation): not comparable"
     assert rows["ok"]["flag"] == "" and rows["ok"]["target"] == "reached, at round 40"
 
 
@@ -575,3 +628,33 @@ def test_a_run_with_a_public_split_is_not_said_to_have_a_private_vocabulary():
     from fedpriv.report.tables import PRE_PUBLIC_VOCAB_NOTE, PUBLIC_VOCAB_NOTE
     old = "epsilon = 7 at delta = 1e-05 (RDP); the vocabulary of the 5000 most frequent training words is not private (raw counts of the training users; vocab.dp makes it a DP stage); simulation"
     assert PRE_PUBLIC_VOCAB_NOTE.sub(PUBLIC_VOCAB_NOTE, old) == f"epsilon = 7 at delta = 1e-05 (RDP); {PUBLIC_VOCAB_NOTE}; simulation"
+
+
+def test_what_no_epsilon_counts_is_listed_beside_the_private_rows():
+    """The validation users (the stop, the target, the tuning), the ex-post epsilon of a run that
+    stopped early, each tuning choice, the test users and the experiment's own declared choices."""
+    summaries = {
+        "dp": _synthetic_summary("dp", "federated", epsilon=8.0, epsilon_spent=6.4, promised_steps=200, delta=1e-5, group="dp",
+                                 target={"value": 0.2, "reached": True, "above": {"run": "public"}}, tuned={"winner": {"federated.server_learning_rate": 0.003}}),
+        "sgd": _synthetic_summary("sgd", "central", target={"value": 0.2, "reached": True}),
+    }
+    tunings = {"dp": {"winner": {"federated.server_learning_rate": 0.003}, "metric": "accuracy_no_oov_no_eos",
+                      "candidates": [{"values": {"federated.server_learning_rate": v}, "validation_utility": 0.2} for v in (0.003, 0.01)]}}
+    text = "\n".join(uncounted_lines(summaries, tunings, ["The model size was chosen on the validation users."]))
+    assert "## What ε does not count" in text
+    assert "when each of the 2 run(s) with a utility target stops, the target itself" in text and "which candidate each tuning grid keeps" in text
+    assert "dp: 6.4 of 8" in text and "ex-post" in text
+    assert "`federated.server_learning_rate` = 0.003 was chosen among 2 candidates" in text
+    assert "The test users." in text and "**Declared by the experiment.** The model size was chosen on the validation users." in text
+    assert uncounted_lines({"sgd": summaries["sgd"]}, {}, ["x"]) == []  # no private run: no epsilon to qualify
+
+
+def test_an_experiments_uncounted_choices_reach_its_report(store, tmp_path):
+    copy = _copy(store, tmp_path / "s")
+    exp = json.loads((copy / "experiment.json").read_text())
+    (copy / "experiment.json").write_text(json.dumps({**exp, "uncounted_choices": ["The clip norm was probed on the validation users."]}))
+    text = (write_report(copy) / "comparison.md").read_text()
+    assert "## What ε does not count" in text and "**Declared by the experiment.** The clip norm was probed on the validation users." in text
+    (copy / "experiment.json").write_text(json.dumps({**exp, "uncounted_choices": "not a list"}))
+    with pytest.raises(FedprivError, match="uncounted_choices"):
+        write_report(copy)
