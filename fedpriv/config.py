@@ -767,6 +767,18 @@ class ExperimentConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _secure_noise_everywhere(self) -> "ExperimentConfig":
+        """A --secure-noise run may release its model: every noisy stage it runs must draw from
+        the secret. A DP vocabulary built in the run draws its noise from the seed, so the two are
+        refused together (as client-side DP-SGD is, in [federated])."""
+        fdp = self.federated.dp if self.federated is not None else None
+        secure = (self.privacy is not None and self.privacy.secure_noise) or (fdp is not None and fdp.secure_noise)
+        if secure and self.vocab.dp is not None:
+            raise ValueError("secure_noise covers the training noise and sampling; vocab.dp draws the DP vocabulary's noise from the seed, "
+                             "so the released vocabulary would not be private: drop one of them (or give a vocabulary built elsewhere)")
+        return self
+
+    @model_validator(mode="after")
     def _validation_users(self) -> "ExperimentConfig":
         if self.utility is not None and self.data.validation_fraction == 0.0:
             raise ValueError("[utility] measures the target on validation users: set data.validation_fraction (e.g. 0.1)")

@@ -32,6 +32,7 @@ from fedpriv.clients.data import PLAN_STREAM
 from fedpriv.config import ClientDPConfig
 from fedpriv.privacy.accounting import GaussianSteps
 from fedpriv.privacy.budget import DPBudget
+from fedpriv.privacy.streams import SIMULATION_NOTE
 
 #: Separates the within-client sampling of client-side DP-SGD from every other stream of a seed.
 DP_PLAN_STREAM = 0x5EED_D95D
@@ -93,5 +94,6 @@ class RecordLevelPrivacy:
                 f"users); epsilon = {ans.epsilon:.4g} at delta = {self.cdp.delta:g}")
         if data_stop is not None:
             text += f"; counted over every round the run may take: it may stop earlier at {data_stop}, a stop that depends on the data"
+        text += f"; {SIMULATION_NOTE}"  # client-side noise always comes from the seed (--secure-noise refuses client_dp)
         extra = self.coverage.statement(ans.epsilon, self.cdp.delta) if self.coverage is not None else ""
         return {"client_epsilon": ans.epsilon, "client_delta": self.cdp.delta, "client_guarantee": f"{text}; {extra}" if extra else text}

@@ -73,12 +73,14 @@ def global_norms(stacked_tree: PyTree) -> jax.Array:
 
 
 def clip_factors(norms: jax.Array, clip_norm) -> jax.Array:
-    """min(1, C / norm) per unit; exactly 1.0 for norm <= C (norm 0 included, no NaN)."""
+    """min(1, C / norm) per unit; exactly 1.0 for norm <= C (norm 0 included, no NaN); 0 for a
+    non-finite norm (a unit whose values are NaN or inf contributes nothing: its values must be
+    masked out too, since 0 * NaN is NaN, as :func:`clipped_sum` and :func:`clip_units` do)."""
     norms = jnp.asarray(norms)
     clip_norm = jnp.asarray(clip_norm, norms.dtype)
     over = norms > clip_norm
     safe = jnp.where(over, norms, jnp.ones_like(norms))
-    return jnp.where(over, clip_norm / safe, jnp.ones_like(norms))
+    return jnp.where(jnp.isfinite(norms), jnp.where(over, clip_norm / safe, jnp.ones_like(norms)), jnp.zeros_like(norms))
 
 
 def _broadcast_to_leaf(v: jax.Array, leaf: jax.Array) -> jax.Array:
@@ -88,14 +90,16 @@ def _broadcast_to_leaf(v: jax.Array, leaf: jax.Array) -> jax.Array:
 def clip_units(stacked_tree: PyTree, clip_norm) -> tuple[PyTree, jax.Array]:
     """Each unit scaled to global L2 norm <= C (units already within C unchanged).
 
-    Returns ``(clipped_stacked_tree, unclipped_norms)``.
+    Returns ``(clipped_stacked_tree, unclipped_norms)``. A unit with a non-finite value becomes
+    zeros (a client whose local training diverged): the sensitivity stays C.
     """
     norms = global_norms(stacked_tree)
     factors = clip_factors(norms, clip_norm)
+    finite = jnp.isfinite(norms)
 
     def scale(leaf):
         x = leaf.astype(_float_dtype(leaf.dtype))
-        return x * _broadcast_to_leaf(factors, x).astype(x.dtype)
+        return jnp.where(_broadcast_to_leaf(finite, x), x * _broadcast_to_leaf(factors, x).astype(x.dtype), jnp.zeros((), x.dtype))
 
     return jax.tree_util.tree_map(scale, stacked_tree), norms
 
@@ -104,7 +108,7 @@ def clipped_sum(stacked_tree: PyTree, clip_norm, weights=None, initial: PyTree |
     """Sum over units of each unit clipped to global L2 norm C (added to ``initial`` if given).
 
     ``weights``: optional (n,) 0/1 mask; units with weight 0 contribute exactly nothing (even if
-    their values are not finite). Weights other than 0/1 scale the clipped unit; the sensitivity
+    their values are not finite), and so does a unit with a non-finite value whatever its weight. Weights other than 0/1 scale the clipped unit; the sensitivity
     stays C only if every weight is <= 1. ``initial``: a running total shaped like one unit; the
     units are added to it one after another in order, so feeding units in chunks gives the same
     floats as feeding them all at once. Returns ``(sum_tree, unclipped_norms)``; leaves have the
@@ -116,12 +120,13 @@ def clipped_sum(stacked_tree: PyTree, clip_norm, weights=None, initial: PyTree |
     """
     norms = global_norms(stacked_tree)
     factors = clip_factors(norms, clip_norm)
+    finite = jnp.isfinite(norms)  # a unit with a NaN or inf value contributes nothing: else the sum is NaN and C bounds nothing
     if weights is None:
-        keep = jnp.ones(norms.shape, bool)
+        keep = finite
         scales = factors
     else:
         weights = jnp.asarray(weights)
-        keep = weights != 0
+        keep = (weights != 0) & finite
         scales = jnp.where(keep, factors * weights.astype(factors.dtype), 0.0)
 
     def zeros(leaf):

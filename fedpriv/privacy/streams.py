@@ -169,9 +169,9 @@ class NoiseSeed:
     >>> s = NoiseSeed.simulation(7)
     >>> (s.root, s.entropy, s.secure)
     (7, 7, False)
-    >>> t = NoiseSeed.from_secret(bytes(16))
-    >>> t.secure, t.entropy, len(t.fingerprint)
-    (True, 0, 64)
+    >>> t = NoiseSeed.from_secret(bytes(16), b"run a")
+    >>> t.secure, len(t.fingerprint), t.entropy == NoiseSeed.from_secret(bytes(16), b"run b").entropy
+    (True, 64, False)
     """
 
     root: Any
@@ -187,13 +187,20 @@ class NoiseSeed:
         return NoiseSeed(int(seed), int(seed))
 
     @staticmethod
-    def from_secret(secret: bytes) -> "NoiseSeed":
-        """A secure noise seed from a secret of at least 16 bytes (128 bits)."""
+    def from_secret(secret: bytes, run: bytes = b"") -> "NoiseSeed":
+        """A secure noise seed from a secret of at least 16 bytes (128 bits) for the run ``run``
+        (what tells runs apart: :func:`fedpriv.training.noise.run_identity`). Root and entropy
+        come from HMAC-SHA256(secret, run), so every bit of the secret counts, and two runs under
+        one secret (two seeds, two grid cells, two tuning trials) draw independent noise: with
+        shared noise, two released models' difference would cancel it. The root is 64 bits (a
+        threefry key), the numpy entropy 128; ``fingerprint`` is the secret's, for the resume check."""
         import hashlib
+        import hmac
 
         if len(secret) < 16:
             raise ValueError(f"a noise secret needs at least 16 bytes (128 bits), got {len(secret)}")
-        return NoiseSeed(secret_root_from(secret), int.from_bytes(secret[:16], "little"), hashlib.sha256(b"fedpriv-noise-secret:" + secret).hexdigest())
+        key = hmac.new(secret, b"fedpriv-run-noise:" + run, hashlib.sha256).digest()
+        return NoiseSeed(secret_root_from(key), int.from_bytes(key[8:24], "little"), hashlib.sha256(b"fedpriv-noise-secret:" + secret).hexdigest())
 
     def note(self, correlated: bool = False) -> str:
         """The line every guarantee of the run carries (:data:`SIMULATION_NOTE` or :data:`SECURE_NOTE`;

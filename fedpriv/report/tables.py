@@ -225,7 +225,8 @@ def not_covered(summary: Mapping[str, Any], public_vocabulary: bool = False) -> 
     """What a DP run released or logged that its epsilon does not cover ('' for a run without DP,
     which covers nothing): a vocabulary learned from its training data without DP, filters that are
     not 1-stable under an example-level guarantee (epsilon is about the filtered data), private
-    statistics logged on request (issue 30). ``public_vocabulary``: the run's config has a public
+    statistics logged on request (issue 30), a warm start from a run trained on the private users
+    (``[init] from`` a run that is not the public model: its privacy is not composed). ``public_vocabulary``: the run's config has a public
     split (``data.public_fraction``), from which alone the vocabulary is learned (runs from before
     their vocabulary record said so name the training users)."""
     if not is_private(summary):
@@ -245,6 +246,11 @@ def not_covered(summary: Mapping[str, Any], public_vocabulary: bool = False) -> 
             out.append(f"ε is about the filtered data ({', '.join(filters)} is not 1-stable per example; the guarantee gives the raw-data figure)")
     if summary.get("private_stats_logged"):
         out.append("private statistics logged (--log-private-stats)")
+    if summary.get("privacy_unit") == "user" and summary.get("users") == "iid":  # data.users = "iid": records resharded over synthetic users
+        out.append("its users are synthetic (records resharded over same-size users): ε protects one synthetic user, not one real user's data")
+    init = summary.get("init")
+    if isinstance(init, Mapping) and init and not init.get("public"):  # a warm start from a run on the private users
+        out.append(f"starts from run {init.get('name') or init.get('from')}, trained on the private users: that run's privacy is not composed into this ε")
     return "; ".join(out)
 
 
@@ -391,9 +397,11 @@ RELATIONS = ("add-or-remove-one", "replace-one", "zero-out-one")
 
 def guarantee_kind(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """What must agree for two runs' epsilons to be one promise: the privacy unit, δ and the
-    neighbouring relation (named in the guarantee; None where it names none)."""
+    neighbouring relation: the first the guarantee names (the ε's own; a client-side DP-SGD
+    guarantee appended after it names its own), None where it names none."""
     text = row.get("assumptions") or ""
-    return (row.get("privacy_unit"), row.get("delta"), next((r for r in RELATIONS if r in text), None))
+    named = [(text.find(r), r) for r in RELATIONS if r in text]
+    return (row.get("privacy_unit"), row.get("delta"), min(named)[1] if named else None)
 
 
 def _mean(values: Sequence[Any]) -> float | None:
@@ -751,7 +759,7 @@ def introduction(name: str, settings: Mapping[str, Any], label: str = "utility")
         "**Batch** is records (or users, for user-level DP-SGD) per step (central; the expected size under Poisson sampling) or users per round (federated). "
         "Rows are grouped by **privacy unit**: an example-level ε protects one example, a user-level ε one user's whole data, "
         "and the two are different promises; a run that starts from a pretrained encoder carries its chain's ε (vocabulary and "
-        "pretraining composed, per example of its data), and when its own training is not private its unit says so (encoder only). **ε** is at the δ shown, spent by each run (with seeds, the range over them: a run that stops at its target spends less); the neighbouring relation (add-or-remove-one or replace-one), "
+        "pretraining composed, per example of its data), and when its own training is not private its unit says so (encoder only). **ε** is at the δ shown, what each run promises (with seeds, the range over them, the largest rounded up): a run that may stop at its utility target promises the ε of every step it could take, since when it stops depends on the data; the neighbouring relation (named in the cell when it is not add-or-remove-one), "
         "the sampling and the accountant are stated in the assumptions column. ∞ / not private: no noise was added.",
         "",
     ]

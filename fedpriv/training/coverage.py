@@ -28,6 +28,9 @@ from fedpriv.privacy.group import group_privacy
 #: The statement a run that logs private statistics carries (``training.log_private_stats``).
 PRIVATE_STATS_WARNING = ("private statistics logged (--log-private-stats): the train rows hold the realized batch or cohort size, example "
                          "counts, delta norms and the unnoised loss, which epsilon does not cover; do not publish metrics.jsonl")
+#: Said by every DP guarantee: what a run writes beside its model that no epsilon covers (docs/privacy.md).
+DATA_FACTS_NOTE = ("not covered either: data.json and the summary's data notes and vocabulary counts (examples cut, words dropped, "
+                   "pieces per word) and each round's wall time, exact statistics of the training data; release the model without them")
 
 
 #: ``vocabulary_record["users"]`` of a vocabulary learned from the public split (``data.public_fraction``).
@@ -101,6 +104,7 @@ def coverage(cfg: ExperimentConfig, task: Any, unit: str, log_private_stats: boo
     notes = [n for n in (vocabulary_note(getattr(task, "vocabulary_record", None), cfg),) if n]
     if log_private_stats:
         notes.append(PRIVATE_STATS_WARNING)
+    notes.append(DATA_FACTS_NOTE)
     k, why = filter_group(cfg.data) if unit == "example" else (1, "")
     correlated = cfg.privacy is not None and cfg.privacy.mechanism != "gaussian"
     return Coverage(tuple(notes), k, why, raw_figure=not correlated)

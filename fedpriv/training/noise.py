@@ -5,7 +5,8 @@ in ``config.json``) recomputes the noise, so every guarantee it prints says so
 (:data:`fedpriv.privacy.streams.SIMULATION_NOTE`). With ``[privacy] secure_noise = true`` (central
 DP-SGD) or ``[federated.dp] secure_noise = true`` (DP-FedAvg), or ``--secure-noise`` on the command
 line, the DP noise and the batch or cohort sampling come from a secret of 128 bits instead
-(:class:`fedpriv.privacy.streams.NoiseSeed`); the initial parameters and the canaries still come
+(:class:`fedpriv.privacy.streams.NoiseSeed`), keyed to the run by HMAC (:func:`run_identity`: two
+runs under one secret never share noise); the initial parameters and the canaries still come
 from the seed (they do not depend on the data).
 
 The secret is never written. It is read from the environment variable :data:`SECRET_ENV` (32 or
@@ -17,6 +18,7 @@ without :data:`SECRET_ENV` cannot be resumed.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -50,11 +52,23 @@ def read_secret() -> bytes | None:
 
 def noise_seed(cfg: Any) -> NoiseSeed:
     """The run's :class:`NoiseSeed`: ``cfg.seed`` for a simulation; for a secure run the secret of
-    :data:`SECRET_ENV`, or a fresh one from ``os.urandom``."""
+    :data:`SECRET_ENV` (or a fresh one from ``os.urandom``), keyed to the run (:func:`run_identity`)."""
     if not secure_noise(cfg):
         return NoiseSeed.simulation(cfg.seed)
     secret = read_secret()
-    return NoiseSeed.from_secret(secret if secret is not None else os.urandom(16))
+    return NoiseSeed.from_secret(secret if secret is not None else os.urandom(16), run_identity(cfg))
+
+
+def run_identity(cfg: Any) -> bytes:
+    """What tells one run's secure noise from another's under one secret: the config as trained
+    (canonical JSON), without the keys a resumed run may change (the engine, Flower's settings,
+    the audit: :data:`fedpriv.training.loop.RESUMABLE_CHANGES`), so a resume draws the same noise
+    and any other run (another seed, grid cell or tuning trial) independent noise."""
+    raw = cfg.model_dump(mode="json")
+    raw.pop("audit", None)
+    for key in ("engine", "flower"):
+        (raw.get("federated") or {}).pop(key, None)
+    return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
 
 
 def noise_meta(noise: NoiseSeed) -> dict[str, Any]:

@@ -347,3 +347,22 @@ def test_a_sum_fed_in_chunks_through_initial_equals_the_sum_fed_at_once():
         np.testing.assert_array_equal(np.asarray(total[k]), np.asarray(whole[k]))
         np.testing.assert_allclose(np.asarray(total[k]), ref[k], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(np.concatenate(norms), np.asarray(whole_norms))
+
+
+def test_a_unit_with_non_finite_values_contributes_nothing_so_the_sensitivity_holds():
+    """A client whose local training diverged sends NaN or inf: its clipped contribution is zero
+    (norm 0 <= C), not a NaN that would spoil the sum (and stop the run on one user's data)."""
+    real = random_tree(3, 21, [0.5, 2.0, 3.0])
+    bad = {k: np.zeros((2, *v.shape[1:])) for k, v in real.items()}
+    bad["w"][0, 0, 0], bad["b"][1, 2] = np.nan, np.inf
+    tree = {k: np.concatenate([real[k], bad[k]]) for k in real}
+    total, norms = clipped_sum(tree, C)
+    ref, _ = clipped_sum(real, C)
+    for k in real:
+        np.testing.assert_array_equal(np.asarray(total[k]), np.asarray(ref[k]))
+    masked, _ = clipped_sum(tree, C, weights=np.ones(5, np.float32))
+    for k in real:
+        np.testing.assert_array_equal(np.asarray(masked[k]), np.asarray(ref[k]))
+    assert list(np.asarray(clip_factors(jnp.asarray([0.5, np.nan, np.inf]), C))) == [1.0, 0.0, 0.0]
+    clipped, _ = clip_units(tree, C)
+    assert np.isfinite(np.asarray(global_norms(clipped))).all() and float(np.max(np.asarray(global_norms(clipped)))) <= C * (1 + 1e-6)

@@ -38,6 +38,7 @@ from fedpriv.report.tables import (
     contrast_table_lines,
     group_csv_rows,
     group_rows,
+    not_covered,
     round_up,
     data_label,
     epsilon_curves,
@@ -658,3 +659,19 @@ def test_an_experiments_uncounted_choices_reach_its_report(store, tmp_path):
     (copy / "experiment.json").write_text(json.dumps({**exp, "uncounted_choices": "not a list"}))
     with pytest.raises(FedprivError, match="uncounted_choices"):
         write_report(copy)
+
+
+def test_a_warm_start_from_a_run_on_the_private_users_is_named_as_not_covered():
+    """[init] from a run trained on the private users (even a non-private one): the ε printed is the
+    new run's alone, so the row says its start is not covered; from the public model, nothing."""
+    base = dict(epsilon=2.0, delta=1e-5, privacy_unit="user", guarantee="user-level, add-or-remove-one user")
+    private = _synthetic_summary("dp", "federated", init={"from": "/s/fedavg", "name": "fedavg", "public": False}, **base)
+    public = _synthetic_summary("dp", "federated", init={"from": "/s/public", "name": "public", "public": True}, **base)
+    assert "starts from run fedavg, trained on the private users" in not_covered(private)
+    assert not_covered(public) == "" and not_covered(_synthetic_summary("dp", "federated", **base)) == ""
+
+
+def test_a_user_level_epsilon_over_resharded_users_says_they_are_synthetic():
+    base = dict(epsilon=2.0, delta=1e-5, privacy_unit="user", guarantee="user-level, add-or-remove-one user")
+    iid = _synthetic_summary("dp", "federated", **{**base, "users": "iid"})
+    assert "its users are synthetic" in not_covered(iid) and "synthetic" not in not_covered(_synthetic_summary("dp", "federated", **base))

@@ -116,3 +116,35 @@ def test_the_secure_noise_flag_refuses_runs_without_dp_noise_in_one_line(capsys)
     assert main(["train", "federated", "experiments/fedavg-shakespeare-quick.toml", "--secure-noise"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("fedpriv: error:") and "adds no DP noise" in err and len(err.splitlines()) == 1
+
+
+def test_runs_under_one_secret_draw_independent_noise_and_every_bit_of_it_counts(tmp_path, monkeypatch):
+    """Two runs under one FEDPRIV_NOISE_SECRET (two seeds, two learning rates of a tuning grid)
+    must not share noise: the difference of two released models would cancel it. A resume (the
+    same config, another engine or audit) draws the same; a secret that differs only in its last
+    byte draws other noise."""
+    import jax
+
+    def root(cfg):
+        return np.asarray(jax.random.key_data(noise_seed(cfg).root)), noise_seed(cfg).entropy
+
+    monkeypatch.setenv(SECRET_ENV, SECRET)
+    cfg = with_secure_noise(config(tmp_path, BASE + DP_SGD))
+    key, entropy = root(cfg)
+    for other in (cfg.model_copy(update={"seed": 6}), cfg.model_copy(update={"training": cfg.training.model_copy(update={"learning_rate": 0.02})})):
+        k, e = root(other)
+        assert not np.array_equal(k, key) and e != entropy
+    resumed = cfg.model_copy(update={"audit": cfg.audit.model_copy(update={"rs_candidates": 7})})
+    k, e = root(resumed)
+    assert np.array_equal(k, key) and e == entropy
+    monkeypatch.setenv(SECRET_ENV, SECRET[:-2] + "ef")
+    k, e = root(cfg)
+    assert not np.array_equal(k, key) and e != entropy
+
+
+def test_a_dp_vocabulary_drawn_from_the_seed_is_refused_with_secure_noise(tmp_path):
+    """The DP vocabulary's noise comes from the seed: a --secure-noise run that builds one would
+    release a vocabulary whose noise anyone recomputes, under a guarantee that says 'secret'."""
+    cfg = config(tmp_path, BASE.replace("seq_len = 8\n", "seq_len = 8\ndp = \"gaussian\"\nepsilon = 0.5\n") + DP_SGD)
+    with pytest.raises(ConfigError, match="vocab.dp draws the DP vocabulary's noise from the seed"):
+        with_secure_noise(cfg)
