@@ -124,6 +124,8 @@ for d in sys.argv[3:]:
             if runs(exp).get(name) != base[name]:
                 sys.exit(f"{name}: its config in the call ({os.path.relpath(exp, sys.argv[2])}) differs from BASE'"'"'s")
             break
+    else:  # no record of what the call trained: its config cannot be checked
+        sys.exit(f"{name}: the call holds no experiment.json (grid/{name}/ or grid/store/), so its config cannot be checked")
 ' "$DEST/store/experiment.json" "$DEST/call/grid" ${add[@]+"${add[@]}"} 2>&1) || refuse "$why"
   for d in ${add[@]+"${add[@]}"}; do
     name=$(basename "$d")

@@ -657,6 +657,12 @@ class CanariesConfig(_Strict):
         return self
 
 
+#: ``[audit]`` keys that change what is trained (the empirical audit plants its canaries in the
+#: training data): part of a run's identity (its secure noise, the resume check); the other audit
+#: keys act after training.
+TRAINING_AUDIT_KEYS = ("empirical", "empirical_canaries", "empirical_kind", "empirical_words")
+
+
 class AuditConfig(_Strict):
     """Memorization tests run by ``fedpriv audit`` (an ``[audit]`` section; every key has a default)."""
 

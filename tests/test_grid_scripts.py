@@ -83,16 +83,18 @@ def _base(tmp_path: Path, drop: str = "dp-fedavg") -> Path:
     return _tar(tmp_path / "base.tar.gz", base_dir, "store")
 
 
-def _call(tmp_path: Path, runs: dict[str, Path], sums: str | None = PUBLIC_SUMS, experiment: dict | None = None) -> Path:
+def _call(tmp_path: Path, runs: dict[str, Path], sums: str | None = PUBLIC_SUMS, experiment: dict | None = None, records: bool = True) -> Path:
     """A call's store.tar.gz as `run` packs it: grid/public-sS/{experiment.json,public-sS},
     grid/RUN/{experiment.json,public-s0,RUN}, grid/store/ (the grid's merged copy of them all) and
-    grid/public.sha256 (SUMS; None: left out). RUNS: run name -> the folder it is a copy of."""
+    grid/public.sha256 (SUMS; None: left out). RUNS: run name -> the folder it is a copy of.
+    RECORDS false: no experiment.json anywhere (a call that kept no record of its configs)."""
     grid = tmp_path / "call" / "grid"
     exp = json.dumps(experiment or json.loads((SMALL_STORE / "experiment.json").read_text()))
     for s in (0, 1):
         (grid / f"public-s{s}" / f"public-s{s}").mkdir(parents=True)
         (grid / f"public-s{s}" / f"public-s{s}" / "summary.json").write_text("{}")
-        (grid / f"public-s{s}" / "experiment.json").write_text(exp)
+        if records:
+            (grid / f"public-s{s}" / "experiment.json").write_text(exp)
     shutil.copytree(grid / "public-s0", grid / "store")
     shutil.copytree(grid / "public-s1" / "public-s1", grid / "store" / "public-s1")
     for name, src in runs.items():
@@ -169,6 +171,7 @@ def _other_config() -> dict:
     ("other public models", "public models (grid/public.sha256) are not those of"),
     ("run not in the experiment", "dp-extra is not a run of BASE's experiment.json"),
     ("other config", "dp-fedavg: its config in the call (dp-fedavg/experiment.json) differs from BASE's"),
+    ("no record", "dp-fedavg: the call holds no experiment.json"),
 ])
 def test_merge_refuses_runs_that_would_not_join_the_committed_store(tmp_path, case, message):
     base = _base(tmp_path)
@@ -181,9 +184,9 @@ def test_merge_refuses_runs_that_would_not_join_the_committed_store(tmp_path, ca
         sums = PUBLIC_SUMS.replace(PUBLIC_SUMS[:64], "0" * 64)
     elif case == "run not in the experiment":
         runs["dp-extra"] = SMALL_STORE / "dp-fedavg"
-    else:
+    elif case == "other config":
         experiment = _other_config()
-    device = _call(tmp_path, runs, sums=sums, experiment=experiment)
+    device = _call(tmp_path, runs, sums=sums, experiment=experiment, records=case != "no record")
     dest = tmp_path / "merged"
     done = _merge({"BASE": str(base), "DEVICE": str(device), "DEST": str(dest), "PUBLIC_SHA256": str(_public_sums(tmp_path))})
     assert done.returncode == 5, done.stdout + done.stderr

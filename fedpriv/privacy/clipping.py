@@ -133,13 +133,19 @@ def _weight_sq_norms(a: jax.Array, g: jax.Array, g_gram: jax.Array | None = None
     return jnp.sum(jnp.einsum("btp,btq->bpq", a, g) ** 2, axis=(1, 2))
 
 
+def _kept(x: jax.Array, c: jax.Array) -> jax.Array:
+    """``x`` with the rows of factor 0 (masked, or a non-finite norm: :func:`clip_factors`) set to
+    0: such a row contributes exactly nothing, even when its values are NaN (0 * NaN is NaN)."""
+    return jnp.where((c != 0).reshape((-1,) + (1,) * (x.ndim - 1)), x, jnp.zeros((), x.dtype))
+
+
 def _weight_sum(a: jax.Array, g: jax.Array, c: jax.Array) -> jax.Array:
-    return jnp.einsum("btp,btq,b->pq", a, g, c)
+    return jnp.einsum("btp,btq,b->pq", _kept(a, c), _kept(g, c), c)
 
 
 def _bias_parts(g: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
     s = jnp.sum(g, axis=1)  # (B, q)
-    return jnp.sum(s**2, axis=1), jnp.einsum("bq,b->q", s, c)
+    return jnp.sum(s**2, axis=1), jnp.einsum("bq,b->q", _kept(s, c), c)
 
 
 def _one(node: Mapping, key: str) -> jax.Array:
@@ -194,10 +200,10 @@ class _Layer:
                 out["bias"] = _bias_parts(g, c)[1]
             return out
         if self.kind == "embed":
-            rows = (g * c[:, None, None]).reshape(-1, g.shape[-1])
+            rows = (_kept(g, c) * c[:, None, None]).reshape(-1, g.shape[-1])
             return {"embedding": jnp.zeros_like(self.table).at[self.ids.reshape(-1)].add(rows.astype(self.table.dtype))}
         if self.kind == "layernorm":
-            return {"scale": jnp.einsum("btd,btd,b->d", self.a, g, c), "bias": _bias_parts(g, c)[1]}
+            return {"scale": jnp.einsum("btd,btd,b->d", _kept(self.a, c), _kept(g, c), c), "bias": _bias_parts(g, c)[1]}
         return {"wi": _weight_sum(self.a, g, c), "wh": _weight_sum(self.prev, g, c), "b": _bias_parts(g, c)[1]}
 
 

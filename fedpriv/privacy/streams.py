@@ -177,6 +177,8 @@ class NoiseSeed:
     root: Any
     entropy: int
     fingerprint: str | None = None
+    #: SHA-256 of the run identity a secure seed is keyed to (None for a simulation): a resume checks it.
+    run_digest: str | None = None
 
     @property
     def secure(self) -> bool:
@@ -200,7 +202,8 @@ class NoiseSeed:
         if len(secret) < 16:
             raise ValueError(f"a noise secret needs at least 16 bytes (128 bits), got {len(secret)}")
         key = hmac.new(secret, b"fedpriv-run-noise:" + run, hashlib.sha256).digest()
-        return NoiseSeed(secret_root_from(key), int.from_bytes(key[8:24], "little"), hashlib.sha256(b"fedpriv-noise-secret:" + secret).hexdigest())
+        return NoiseSeed(secret_root_from(key), int.from_bytes(key[8:24], "little"), hashlib.sha256(b"fedpriv-noise-secret:" + secret).hexdigest(),
+                         hashlib.sha256(run).hexdigest())
 
     def note(self, correlated: bool = False) -> str:
         """The line every guarantee of the run carries (:data:`SIMULATION_NOTE` or :data:`SECURE_NOTE`;

@@ -33,7 +33,9 @@ def planned_steps(config: Mapping[str, Any], kind: str, event: GaussianSteps) ->
     t = config.get("training") or {}
     if isinstance(t.get("steps"), int):
         return t["steps"]
-    if isinstance(t.get("epochs"), (int, float)) and isinstance(t.get("batch_size"), int) and t["batch_size"] > 0:
+    # epochs count training records (central/sgd.py total_steps): the ledger's population is the
+    # number of records only for example-level DP (user-level: users), so only there can it be recomputed
+    if event.unit == "example" and isinstance(t.get("epochs"), (int, float)) and isinstance(t.get("batch_size"), int) and t["batch_size"] > 0:
         return max(1, math.ceil(t["epochs"] * math.ceil(event.population / t["batch_size"])))
     return None
 
@@ -41,7 +43,8 @@ def planned_steps(config: Mapping[str, Any], kind: str, event: GaussianSteps) ->
 def promised_summary(summary: Mapping[str, Any], entries: Sequence[GaussianSteps], config: Mapping[str, Any]) -> dict[str, Any]:
     """``summary`` with ``epsilon`` the promise of every step the run could take, when it is a DP
     run with a utility target stored before fedpriv recorded that (no ``epsilon_spent``) and it
-    took fewer steps than planned; else ``summary`` unchanged."""
+    took fewer steps than planned; ``epsilon_ex_post`` set (and said in the guarantee) when it
+    reached its target but its planned steps cannot be told; else ``summary`` unchanged."""
     out = dict(summary)
     if summary.get("epsilon") is None or "epsilon_spent" in summary or not summary.get("target") or len(entries) != 1:
         return out
@@ -49,7 +52,14 @@ def promised_summary(summary: Mapping[str, Any], entries: Sequence[GaussianSteps
     dp = ((config.get("federated") or {}).get("dp") if kind == "federated" else config.get("privacy")) or {}
     event = entries[0]
     planned = planned_steps(config, kind, event)
-    if planned is None or event.steps >= planned:
+    if planned is None:
+        if (summary.get("target") or {}).get("reached"):  # it stopped early, by how much the report cannot tell
+            out["epsilon_ex_post"] = True
+            out["guarantee"] = (f"{summary.get('guarantee') or 'DP'}; the run stopped at its utility target, a stop that depends on the data, and "
+                                "the report cannot recompute the epsilon of every step it could take (its config plans them in epochs of records "
+                                "the store does not give): this epsilon is that of the steps taken, an ex-post figure, not a guarantee")
+        return out
+    if event.steps >= planned:
         return out
     accountant = dp.get("accountant", "rdp")
     delta = float(summary.get("delta") or dp.get("delta"))

@@ -246,6 +246,8 @@ def not_covered(summary: Mapping[str, Any], public_vocabulary: bool = False) -> 
             out.append(f"ε is about the filtered data ({', '.join(filters)} is not 1-stable per example; the guarantee gives the raw-data figure)")
     if summary.get("private_stats_logged"):
         out.append("private statistics logged (--log-private-stats)")
+    if summary.get("epsilon_ex_post"):  # report/stopping.py could not recompute a stored run's promise
+        out.append("ε is that of the steps taken before the run stopped at its target (ex-post, not a guarantee)")
     if summary.get("privacy_unit") == "user" and summary.get("users") == "iid":  # data.users = "iid": records resharded over synthetic users
         out.append("its users are synthetic (records resharded over same-size users): ε protects one synthetic user, not one real user's data")
     init = summary.get("init")

@@ -49,7 +49,7 @@ def uncounted_lines(summaries: Mapping[str, Mapping[str, Any]], tunings: Mapping
             uses.append("which candidate each tuning grid keeps")
         said = uses[0] if len(uses) == 1 else f"{', '.join(uses[:-1])} and {uses[-1]}"
         items.append(f"**The validation users.** Their data decides {said}. They are never trained on, and no ε covers them.")
-    stopped = [(n, s) for n, s in summaries.items() if s.get("epsilon_spent") is not None and s.get("promised_steps")]
+    stopped = [(n, s) for n, s in summaries.items() if s.get("epsilon_spent") is not None and s.get("promised_steps") and s["epsilon_spent"] < s["epsilon"]]
     if stopped:
         taken = "; ".join(f"{n}: {s['epsilon_spent']:.3g} of {s['epsilon']:.3g}" for n, s in stopped)
         items.append("**Where a run stopped.** A stop at a utility target depends on the data, so each such DP run's ε is that of every step "

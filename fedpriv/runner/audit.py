@@ -261,6 +261,6 @@ def empirical_audit(run_dir: str | os.PathLike[str], log: Callable[[str], None] 
               "member_score_mean": float(scores[canaries.included].mean()), "non_member_score_mean": float(scores[~canaries.included].mean())}
     run.write_json(EMPIRICAL, report, indent=1)
     say(f"empirical epsilon >= {bounds['epsilon_lower_bound']:.3g} ({int(100 * bounds['confidence'])}% confidence, delta {bounds['delta']:g}, per {unit})"
-        + (f"; the accountant's epsilon {accountant:.3g}" if accountant is not None else "; not private")
+        + (f"; the accountant's epsilon of the steps taken {accountant:.3g}" if accountant is not None else "; not private")
         + (f" ({relations['relation_note']})" if accountant is not None and not relations["accountant_bounds_audit"] else ""))
     return report

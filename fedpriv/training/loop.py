@@ -49,7 +49,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from fedpriv.config import changed_keys, normalized_config
+from fedpriv.config import TRAINING_AUDIT_KEYS, AuditConfig, changed_keys, normalized_config
 from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
 from fedpriv.privacy.streams import INIT, STEP, stream_key
 from fedpriv.rundir import RunDir, ledger_record
@@ -57,8 +57,9 @@ from fedpriv.tasks.base import Batch, Params, Task, add_sums, degenerate, pad_ba
 
 
 #: ``config.json`` keys a resumed run may change: they do not change what is trained (the engines
-#: train the same rounds; the audit runs after training).
-RESUMABLE_CHANGES = ("engine", "experiment.federated.engine", "experiment.federated.flower", "experiment.audit")
+#: train the same rounds; the audit runs after training, except the empirical audit's planted canaries).
+RESUMABLE_CHANGES = ("engine", "experiment.federated.engine", "experiment.federated.flower",
+                     *(f"experiment.audit.{k}" for k in AuditConfig.model_fields if k not in TRAINING_AUDIT_KEYS))
 RESTART_HINT = "pass --restart to start afresh (or use another --out)"
 
 

@@ -22,12 +22,16 @@ import json
 import os
 from typing import Any
 
+from fedpriv.config import TRAINING_AUDIT_KEYS
 from fedpriv.errors import ConfigError
 from fedpriv.privacy.streams import NoiseSeed
 from fedpriv.rundir import RunDir
 
 #: The environment variable that holds a --secure-noise run's secret (hex, >= 128 bits).
 SECRET_ENV = "FEDPRIV_NOISE_SECRET"
+#: How a secure run's noise is keyed to it (recorded; a resume under another keying is refused).
+KEYING = "hmac-sha256(secret, run config) v1"
+
 
 
 def secure_noise(cfg: Any) -> bool:
@@ -65,7 +69,7 @@ def run_identity(cfg: Any) -> bytes:
     the audit: :data:`fedpriv.training.loop.RESUMABLE_CHANGES`), so a resume draws the same noise
     and any other run (another seed, grid cell or tuning trial) independent noise."""
     raw = cfg.model_dump(mode="json")
-    raw.pop("audit", None)
+    raw["audit"] = {k: v for k, v in (raw.get("audit") or {}).items() if k in TRAINING_AUDIT_KEYS}
     for key in ("engine", "flower"):
         (raw.get("federated") or {}).pop(key, None)
     return json.dumps(raw, sort_keys=True, separators=(",", ":")).encode()
@@ -74,7 +78,7 @@ def run_identity(cfg: Any) -> bytes:
 def noise_meta(noise: NoiseSeed) -> dict[str, Any]:
     """What ``config.json`` records about the noise: nothing for a simulation (its seed is the
     config's); for a secure run the secret's SHA-256, never the secret."""
-    return {"noise": {"secure": True, "secret_sha256": noise.fingerprint}} if noise.secure else {}
+    return {"noise": {"secure": True, "secret_sha256": noise.fingerprint, "keying": KEYING, "run_sha256": noise.run_digest}} if noise.secure else {}
 
 
 def check_secret_on_resume(run_dir: Any, noise: NoiseSeed) -> None:
@@ -83,8 +87,14 @@ def check_secret_on_resume(run_dir: Any, noise: NoiseSeed) -> None:
     run = RunDir(run_dir)
     if not noise.secure or run.checkpoint_meta() is None:
         return
-    old = ((run.config_meta() or {}).get("noise") or {}).get("secret_sha256")
+    stored = (run.config_meta() or {}).get("noise") or {}
+    old = stored.get("secret_sha256")
     if old == noise.fingerprint:
+        if stored.get("keying") != KEYING or stored.get("run_sha256") != noise.run_digest:
+            # the same secret, keyed otherwise (an older fedpriv, or a config whose dump changed): the
+            # replayed noise and sampling would not be those the run drew, and its epsilon would not hold
+            raise ConfigError(f"{run.path}: this --secure-noise run's noise was keyed to it differently ({stored.get('keying') or 'before runs were keyed'}); "
+                              "resuming would draw other noise and sampling than it used: finish it with the fedpriv that started it, or use a new run directory")
         return
     if os.environ.get(SECRET_ENV) is None:
         raise ConfigError(f"{run.path}: resuming a --secure-noise run needs its secret: set {SECRET_ENV} to the value the run started with (it is never stored), or use a new run directory")

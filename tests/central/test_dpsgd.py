@@ -117,6 +117,26 @@ def test_fast_clipping_equals_vmap_reference_on_each_layer(kind):
             np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-5 * max(1.0, float(np.max(np.abs(a)))))
 
 
+@pytest.mark.parametrize("kind", KINDS)
+def test_an_example_with_a_non_finite_gradient_contributes_nothing_on_both_paths(kind):
+    """One example whose input is inf (its gradient NaN or inf): the reference and the fast
+    clipped sums both leave it out (factor 0, its rows zeroed), so the sum stays finite and its
+    sensitivity C; they agree on the others."""
+    task = LayerTask(kind)
+    params = task.init_params(jax.random.key(3))
+    batch = layer_batch(1)
+    batch["x"] = batch["x"].at[1, 0, 0].set(jnp.inf)
+    ref, norms, _ = reference_clipped_sum(task, params, batch, jax.random.key(0), 1.0)
+    fast, _, _ = fast_clipped_sum(task, params, batch, jax.random.key(0), 1.0)
+    assert kind == "embed" or not np.isfinite(np.asarray(norms)[1])  # every layer but the embedding reads x
+    clean = {**batch, "mask": batch["mask"] * jnp.isfinite(norms)}  # the same batch with the non-finite example masked out
+    want, _, _ = reference_clipped_sum(task, params, clean, jax.random.key(0), 1.0)
+    for a, b, w in zip(jax.tree.leaves(ref), jax.tree.leaves(fast), jax.tree.leaves(want)):
+        assert np.isfinite(np.asarray(a)).all() and np.isfinite(np.asarray(b)).all()
+        np.testing.assert_allclose(np.asarray(a), np.asarray(w), atol=1e-6)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(w), atol=1e-5 * max(1.0, float(np.max(np.abs(np.asarray(w))))))
+
+
 def test_fast_clipping_refuses_uncovered_parameters():
     class Bare(nn.Module):
         @nn.compact

@@ -522,6 +522,9 @@ def test_a_run_stored_before_the_stop_on_the_data_was_counted_promises_all_its_p
     assert promised_summary({**stored, "target": None}, [event], config)["epsilon"] == spent  # no target: no stop on the data
     central = {"training": {"steps": 130}, "privacy": {"accountant": "pld", "delta": 1e-5}}
     assert promised_summary({**stored, "kind": "central"}, [event], central)["epsilon"] == spent  # it ran every planned step
+    epochs = {"training": {"epochs": 2.0, "batch_size": 5_000}, "privacy": {"accountant": "pld", "delta": 1e-5}}  # user-level: epochs of records
+    unknown = promised_summary({**stored, "kind": "central"}, [event], epochs)
+    assert unknown["epsilon"] == spent and unknown["epsilon_ex_post"] and "ex-post" in not_covered(unknown)
 
 
 def test_contrasts_are_paired_by_seed():
@@ -638,12 +641,14 @@ def test_what_no_epsilon_counts_is_listed_beside_the_private_rows():
         "dp": _synthetic_summary("dp", "federated", epsilon=8.0, epsilon_spent=6.4, promised_steps=200, delta=1e-5, group="dp",
                                  target={"value": 0.2, "reached": True, "above": {"run": "public"}}, tuned={"winner": {"federated.server_learning_rate": 0.003}}),
         "sgd": _synthetic_summary("sgd", "central", target={"value": 0.2, "reached": True}),
+        "full": _synthetic_summary("full", "central", epsilon=7.0, epsilon_spent=7.0, promised_steps=100, delta=1e-5, target={"value": 0.2, "reached": False}),
     }
     tunings = {"dp": {"winner": {"federated.server_learning_rate": 0.003}, "metric": "accuracy_no_oov_no_eos",
                       "candidates": [{"values": {"federated.server_learning_rate": v}, "validation_utility": 0.2} for v in (0.003, 0.01)]}}
     text = "\n".join(uncounted_lines(summaries, tunings, ["The model size was chosen on the validation users."]))
     assert "## What ε does not count" in text
-    assert "when each of the 2 run(s) with a utility target stops, the target itself" in text and "which candidate each tuning grid keeps" in text
+    assert "full:" not in text  # it ran every step: nothing ex-post to list
+    assert "when each of the 3 run(s) with a utility target stops, the target itself" in text and "which candidate each tuning grid keeps" in text
     assert "dp: 6.4 of 8" in text and "ex-post" in text
     assert "`federated.server_learning_rate` = 0.003 was chosen among 2 candidates" in text
     assert "The test users." in text and "**Declared by the experiment.** The model size was chosen on the validation users." in text

@@ -16,7 +16,7 @@ from fedpriv.privacy.streams import SECURE_NOTE, SIMULATION_NOTE
 from fedpriv.rundir import RunDir
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.prepare import prepare
-from fedpriv.training.noise import SECRET_ENV, noise_seed, with_secure_noise
+from fedpriv.training.noise import KEYING, SECRET_ENV, noise_seed, with_secure_noise
 
 BASE = """
 name = "noise"
@@ -68,7 +68,8 @@ def test_secure_noise_is_secret_and_resumes_only_with_its_secret(tmp_path, monke
     train_run(secure, tmp_path / "full", "central")
     train_run(secure, tmp_path / "part", "central", stop_after=2)
     meta = json.loads((tmp_path / "part" / "config.json").read_text())
-    assert meta["noise"] == {"secure": True, "secret_sha256": noise_seed(secure.config).fingerprint}
+    noise = noise_seed(secure.config)
+    assert meta["noise"] == {"secure": True, "secret_sha256": noise.fingerprint, "keying": KEYING, "run_sha256": noise.run_digest}
     assert SECRET not in (tmp_path / "part" / "config.json").read_text()
     # Resuming without the secret, or with another one, is refused in one line before any step.
     monkeypatch.delenv(SECRET_ENV)
@@ -78,6 +79,14 @@ def test_secure_noise_is_secret_and_resumes_only_with_its_secret(tmp_path, monke
     with pytest.raises(ConfigError, match="is not the secret this --secure-noise run started with"):
         train_run(secure, tmp_path / "part", "central")
     monkeypatch.setenv(SECRET_ENV, SECRET)
+    # A run keyed otherwise (started by an older fedpriv: no keying recorded) would replay other noise: refused.
+    stored = (tmp_path / "part" / "config.json").read_text()
+    older = json.loads(stored)
+    del older["noise"]["keying"], older["noise"]["run_sha256"]
+    (tmp_path / "part" / "config.json").write_text(json.dumps(older))
+    with pytest.raises(ConfigError, match="noise was keyed to it differently"):
+        train_run(secure, tmp_path / "part", "central")
+    (tmp_path / "part" / "config.json").write_text(stored)
     train_run(secure, tmp_path / "part", "central")
     np.testing.assert_array_equal(params(tmp_path / "part"), params(tmp_path / "full"))  # the same secret replays the same noise
     assert not np.array_equal(params(tmp_path / "full"), params(tmp_path / "sim"))  # not the seed's noise
@@ -137,6 +146,8 @@ def test_runs_under_one_secret_draw_independent_noise_and_every_bit_of_it_counts
     resumed = cfg.model_copy(update={"audit": cfg.audit.model_copy(update={"rs_candidates": 7})})
     k, e = root(resumed)
     assert np.array_equal(k, key) and e == entropy
+    planted = cfg.model_copy(update={"audit": cfg.audit.model_copy(update={"empirical": not cfg.audit.empirical})})  # plants other audit canaries
+    assert root(planted)[1] != entropy
     monkeypatch.setenv(SECRET_ENV, SECRET[:-2] + "ef")
     k, e = root(cfg)
     assert not np.array_equal(k, key) and e != entropy
