@@ -70,6 +70,10 @@ def step_template(cdp: ClientDPConfig) -> GaussianSteps:
     return GaussianSteps("poisson", 1.0, _POPULATION, cdp.sampling_rate * _POPULATION, 1, "example")
 
 
+#: What the record-level guarantee of a run that may stop on its data says (its ε counts every planned round).
+EVERY_ROUND = "counted over every round the run may take"
+
+
 class RecordLevelPrivacy:
     """The record-level guarantee of client-side DP-SGD (see the module docstring). ``coverage``:
     what the guarantee must add (:class:`fedpriv.training.coverage.Coverage`), or None."""
@@ -93,7 +97,7 @@ class RecordLevelPrivacy:
                 f"every client; {sampling}; noise multiplier {self.cdp.noise_multiplier}; no amplification from the server's sampling of "
                 f"users); epsilon = {ans.epsilon:.4g} at delta = {self.cdp.delta:g}")
         if data_stop is not None:
-            text += f"; counted over every round the run may take: it may stop earlier at {data_stop}, a stop that depends on the data"
+            text += f"; {EVERY_ROUND}: it may stop earlier at {data_stop}, a stop that depends on the data"
         text += f"; {SIMULATION_NOTE}"  # client-side noise always comes from the seed (--secure-noise refuses client_dp)
         extra = self.coverage.statement(ans.epsilon, self.cdp.delta) if self.coverage is not None else ""
         return {"client_epsilon": ans.epsilon, "client_delta": self.cdp.delta, "client_guarantee": f"{text}; {extra}" if extra else text}

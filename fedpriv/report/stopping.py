@@ -16,6 +16,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from fedpriv.clients.privacy import EVERY_ROUND
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for, max_steps_within
 
 #: What a recomputed guarantee adds to the stored one.
@@ -70,4 +71,22 @@ def promised_summary(summary: Mapping[str, Any], entries: Sequence[GaussianSteps
     out["epsilon_spent"], out["promised_steps"] = summary["epsilon"], planned
     out["epsilon"] = max(promised, summary["epsilon"])
     out["guarantee"] = f"{summary.get('guarantee') or 'DP'}; " + RECOMPUTED.format(planned=planned, word=word, promised=out["epsilon"], taken=event.steps, spent=summary["epsilon"])
+    return out
+
+
+
+def client_promise(summary: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """``summary`` with ``client_epsilon_ex_post`` set (and said in its client guarantee) when its
+    record-level client-side DP-SGD epsilon is that of the rounds taken before a stop at its
+    utility target (a run stored before such runs counted every planned round; the participation
+    of the rounds not taken cannot be recomputed from the store); else ``summary`` unchanged."""
+    out = dict(summary)
+    planned = (config.get("federated") or {}).get("rounds")
+    taken = summary.get("rounds")
+    if (summary.get("client_epsilon") is None or not (summary.get("target") or {}).get("reached") or EVERY_ROUND in (summary.get("client_guarantee") or "")
+            or not isinstance(planned, int) or not isinstance(taken, int) or taken >= planned):
+        return out
+    out["client_epsilon_ex_post"] = True
+    out["client_guarantee"] = (f"{summary.get('client_guarantee') or 'client-side DP-SGD'}; the run stopped at its utility target after {taken} of {planned} "
+                               "rounds, a stop that depends on the data: this epsilon is that of the rounds taken, an ex-post figure, not a guarantee")
     return out

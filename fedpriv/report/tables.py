@@ -46,7 +46,7 @@ from fedpriv.report import plots
 from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown, source_key
 from fedpriv.report.intervals import Estimate, interval, paired_difference
 from fedpriv.report.measurements import write_measurements
-from fedpriv.report.stopping import promised_summary
+from fedpriv.report.stopping import client_promise, promised_summary
 from fedpriv.report.warmstart import public_flag, public_notes, start_label
 from fedpriv.training.coverage import PUBLIC_VOCAB_USERS
 from fedpriv.config import name_problem
@@ -138,6 +138,7 @@ def read_store(store: Path) -> StoreContents:
         if rd.has(LEDGER):
             out.ledgers[run["name"]] = PrivacyLedger.load(rd.file(LEDGER)).entries
             out.summaries[run["name"]] = promised_summary(out.summaries[run["name"]], out.ledgers[run["name"]], run.get("config") or {})
+        out.summaries[run["name"]] = client_promise(out.summaries[run["name"]], run.get("config") or {})
     return out
 
 
@@ -248,6 +249,8 @@ def not_covered(summary: Mapping[str, Any], public_vocabulary: bool = False) -> 
         out.append("private statistics logged (--log-private-stats)")
     if summary.get("epsilon_ex_post"):  # report/stopping.py could not recompute a stored run's promise
         out.append("ε is that of the steps taken before the run stopped at its target (ex-post, not a guarantee)")
+    if summary.get("client_epsilon_ex_post"):
+        out.append("the record-level client ε is that of the rounds taken before the run stopped at its target (ex-post, not a guarantee)")
     if summary.get("privacy_unit") == "user" and summary.get("users") == "iid":  # data.users = "iid": records resharded over synthetic users
         out.append("its users are synthetic (records resharded over same-size users): ε protects one synthetic user, not one real user's data")
     init = summary.get("init")

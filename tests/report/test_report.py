@@ -24,7 +24,8 @@ from fedpriv.errors import FedprivError
 from fedpriv.privacy.accounting import GaussianSteps, epsilon_for
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.report import plots
-from fedpriv.report.stopping import promised_summary
+from fedpriv.clients.privacy import EVERY_ROUND
+from fedpriv.report.stopping import client_promise, promised_summary
 from fedpriv.report.uncounted import uncounted_lines
 from fedpriv.rundir import LEDGER, RunDir
 from fedpriv.report.tables import (
@@ -680,3 +681,16 @@ def test_a_user_level_epsilon_over_resharded_users_says_they_are_synthetic():
     base = dict(epsilon=2.0, delta=1e-5, privacy_unit="user", guarantee="user-level, add-or-remove-one user")
     iid = _synthetic_summary("dp", "federated", **{**base, "users": "iid"})
     assert "its users are synthetic" in not_covered(iid) and "synthetic" not in not_covered(_synthetic_summary("dp", "federated", **base))
+
+
+def test_a_stored_client_side_dp_run_that_stopped_early_is_flagged_ex_post():
+    """Client-side DP-SGD's record-level ε of a run stored before it counted every planned round:
+    the participation of the rounds not taken cannot be recomputed, so the row says its ε is ex-post."""
+    config = {"federated": {"rounds": 40}}
+    stored = _synthetic_summary("c", "federated", client_epsilon=3.0, client_delta=1e-5, client_guarantee="record-level, add-or-remove-one example",
+                                rounds=10, target={"value": 0.2, "reached": True})
+    out = client_promise(stored, config)
+    assert out["client_epsilon_ex_post"] and "after 10 of 40 rounds" in out["client_guarantee"] and "ex-post" in not_covered(out)
+    assert "client_epsilon_ex_post" not in client_promise({**stored, "rounds": 40}, config)  # it ran every round
+    new = {**stored, "client_guarantee": stored["client_guarantee"] + "; " + EVERY_ROUND + ": it may stop earlier"}
+    assert "client_epsilon_ex_post" not in client_promise(new, config)  # a new run counted every round already

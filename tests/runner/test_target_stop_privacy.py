@@ -52,6 +52,10 @@ privacy = { clip_norm = 1.0, noise_multiplier = 0.7, delta = 1e-5 }
 name = "dp-fedavg"
 kind = "federated"
 federated = { strategy = "dp-fedavg", clip_norm = 0.5, dp = { noise_multiplier = 0.7, delta = 1e-3 } }
+[[runs]]
+name = "client-dp"
+kind = "federated"
+federated = { client_dp = { clip_norm = 1.0, noise_multiplier = 0.7, delta = 1e-5, sampling_rate = 0.5 } }
 """
 
 
@@ -83,3 +87,16 @@ def test_the_report_prints_the_promise_not_the_steps_taken(store):
         assert float(rows[run]["epsilon"]) == pytest.approx(s["epsilon"], rel=1e-12)
     report = (store / "report" / "comparison.md").read_text()
     assert "the ledger gives epsilon" not in report  # the curves are drawn for the promise, at its 40 steps
+
+
+def test_client_side_dp_counts_the_participation_of_every_planned_round(store):
+    """Record-level client-side DP-SGD of a run with a utility target (it may stop on its data at
+    any evaluation): from its first round on, its ε counts the most frequent user's participation
+    over all 40 planned rounds, the figure a run that never stopped ends with."""
+    from fedpriv.clients.privacy import EVERY_ROUND
+
+    s = json.loads((store / "client-dp" / "summary.json").read_text())
+    rows = [json.loads(line) for line in (store / "client-dp" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in rows if r["split"] == "train"]
+    assert EVERY_ROUND in s["client_guarantee"] and len({r["client_epsilon"] for r in train}) == 1
+    assert train[0]["client_epsilon"] == s["client_epsilon"]
