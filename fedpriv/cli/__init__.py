@@ -25,6 +25,7 @@ import click
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from fedpriv import __version__
 from fedpriv.cli.options import parse_options
@@ -113,7 +114,8 @@ def data_inspect(
 
 def _print_stats(stats: dict) -> None:
     per = stats["examples_per_user"]
-    t = Table(title=f"{stats['source']} ({stats['kind']})", show_header=False)
+    # Text(): file names, notes and words are data, never rich markup ("[deleted]" would vanish)
+    t = Table(title=Text(f"{stats['source']} ({stats['kind']})"), show_header=False)
     t.add_row("users", f"{stats['users']:,}")
     t.add_row("examples", f"{stats['examples']:,}")
     scope = "" if stats["token_stats_over_users"] == stats["users"] else f" (over {stats['token_stats_over_users']:,} sampled users)"
@@ -124,9 +126,9 @@ def _print_stats(stats: dict) -> None:
     t.add_row("distinct words" + scope, f"{stats['distinct_words']:,}")
     t.add_row("examples per user", f"min {per['min']}, median {per['median']:g}, mean {per['mean']:.1f}, max {per['max']}")
     for k, v in stats.get("load", {}).items():
-        t.add_row(f"load: {k}", str(v))
+        t.add_row(Text(f"load: {k}"), Text(str(v)))
     for note in stats.get("notes", []):
-        t.add_row("note", note)
+        t.add_row("note", Text(note))
     for k, v in stats.get("entities", {}).items():
         t.add_row(f"entities: {k}", f"{v:,}")
     out.print(t)
@@ -141,7 +143,7 @@ def _print_stats(stats: dict) -> None:
         w.add_column("word")
         w.add_column("count", justify="right")
         for row in stats["top_words"]:
-            w.add_row(row["word"], f"{row['count']:,}")
+            w.add_row(Text(row["word"]), f"{row['count']:,}")
         out.print(w)
 
 
@@ -262,9 +264,9 @@ def _print_summary(title: str, summary: dict) -> None:
     for k, v in summary.items():
         if isinstance(v, list):
             for item in v:
-                t.add_row(k.replace("_", " ").removesuffix("s"), str(item))
+                t.add_row(k.replace("_", " ").removesuffix("s"), Text(str(item)))
             continue
-        t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v))
+        t.add_row(k.replace("_", " "), Text(f"{v:,}" if isinstance(v, int) else f"{v:.6g}" if isinstance(v, float) else str(v)))
     out.print(t)
 
 

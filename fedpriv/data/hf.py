@@ -60,8 +60,12 @@ class HFNaturalIdStore(UserStore):
         self._partitioner = NaturalIdPartitioner(partition_by=conv.user_column)
         self._partitioner.dataset = self._ds
         _ = self._partitioner.num_partitions  # builds partition_id_to_natural_id
-        self._pid = {str(nid): pid for pid, nid in self._partitioner.partition_id_to_natural_id.items()}
-        self._ids = tuple(sorted((u for u in self._pid if counts.get(u)), key=user_sort_key))
+        # raw ids that are one user (trimmed, NFC, casefolded with user_id_case="fold") share a user
+        self._pids: dict[str, list[int]] = {}
+        for pid, nid in sorted(self._partitioner.partition_id_to_natural_id.items()):
+            if isinstance(nid, (str, int)) and not isinstance(nid, bool):
+                self._pids.setdefault(conv.id_key(nid), []).append(pid)
+        self._ids = tuple(sorted((u for u in self._pids if counts.get(u)), key=user_sort_key))
         self._counts = np.array([counts[u] for u in self._ids], dtype=np.int64)
         self._has = frozenset(self._ids)
 
@@ -98,8 +102,8 @@ class HFNaturalIdStore(UserStore):
     def examples(self, user_id: str) -> list[Example]:
         if user_id not in self._has:
             raise KeyError(user_id)
-        part = self._partitioner.load_partition(self._pid[user_id])
-        return [out[1] for out in self._convert_batch(part.to_dict(), first_row=None) if out is not None]
+        parts = [self._partitioner.load_partition(pid).to_dict() for pid in self._pids[user_id]]
+        return [out[1] for part in parts for out in self._convert_batch(part, first_row=None) if out is not None]
 
 
 def _tag_class_names(feature: Any) -> list[str] | None:
@@ -122,10 +126,14 @@ def load_hf_dataset(
     timestamp_column: str | None = None,
     normalize_text: bool = True,
     split: str | None = None,
+    placeholder_users: str = "skip",
+    user_id_case: str = "keep",
 ) -> FederatedCorpus:
     """A corpus from a local ``datasets.Dataset`` or a folder written by ``save_to_disk``.
 
-    A ``DatasetDict`` needs ``split=`` to pick one split. Timestamps are epoch seconds UTC (see
+    A ``DatasetDict`` needs ``split=`` to pick one split. User ids follow the table loaders' rules
+    (:class:`~fedpriv.data.tabular.RowConverter`: trimmed, NFC; ``placeholder_users``,
+    ``user_id_case`` as in :func:`~fedpriv.data.tabular.load_table`). Timestamps are epoch seconds UTC (see
     :func:`fedpriv.data.tabular.parse_timestamp`). Raises :class:`SourceError` (no such folder,
     not a saved dataset), :class:`FedprivError` (missing column, DatasetDict without split),
     :class:`DataFormatError` (bad row, named ``"row N"``) or :class:`EmptyCorpusError`.
@@ -139,6 +147,8 @@ def load_hf_dataset(
         tags_column=tags_column,
         timestamp_column=timestamp_column,
         normalize_text=normalize_text,
+        placeholder_users=placeholder_users,
+        user_id_case=user_id_case,
     )
     if isinstance(dataset_or_path, (str, os.PathLike)):
         path = Path(dataset_or_path)

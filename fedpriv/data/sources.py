@@ -9,18 +9,21 @@ Specs:
 
   ============================== ==============================================
   ``Posts.xml`` / ``*.xml``       Stack Exchange dump (``stackexchange``)
-  ``*.jsonl`` ``*.json``          JSON Lines table (``jsonl``)
+  ``*.jsonl`` ``*.json``          JSON Lines table (``jsonl``); also ``*.ndjson``
   ``*.csv``                       CSV table (``csv``)
   ``*.parquet``                   Parquet table (``parquet``)
   ``*.sqlite`` ``*.db``           TFF Stack Overflow SQLite (``tff-sqlite``)
   ``*.conll`` ``*.conllu``        CoNLL/IOB NER (``conll``); also ``*.iob``, ``*.iob2``,
                                   ``*.bio``, ``*.bioes``, ``*.iobes``, ``*.annotated``
   ``*.tsv``                       CoNLL/IOB NER, or a TSV table (``tsv``) when its first line
-                                  is a header naming ``user_id``
+                                  is a header naming ``user_id`` or table options
+                                  (``user_column=``, ``text_column=``, ...) are given
   ``*.txt`` ``*.text``            plain text, one example per line (``text``)
   a directory                     ``datasets.Dataset.save_to_disk`` output (``hf``)
-  ``*.jsonl.gz`` ``*.json.gz``    gzipped tables, decompressed as they stream
-  ``*.csv.gz`` ``*.tsv.gz``       (a ``.tsv.gz`` is always a table)
+  ``*.jsonl.gz`` ``*.json.gz``    compressed tables (gzip; also ``.bz2``, ``.xz``),
+  ``*.csv.gz`` ``*.tsv.gz``       decompressed as they stream (a compressed ``.tsv`` is
+                                  always a table); ``.zst`` and ``.zip`` are refused with
+                                  how to decompress them
   ============================== ==============================================
 
 Loader options (``user_column=...``, ``users="sentences:10"``, ``split="train"``, ...) are passed
@@ -48,6 +51,7 @@ _SUFFIXES = {
     ".xml": "stackexchange",
     ".jsonl": "jsonl",
     ".json": "jsonl",
+    ".ndjson": "jsonl",
     ".csv": "csv",
     ".parquet": "parquet",
     ".sqlite": "tff-sqlite",
@@ -74,27 +78,38 @@ def _tsv_table(path: Path) -> bool:
     return "user_id" in first.split("\t")
 
 
-#: Formats read from a gzipped file, by the suffix before ``.gz``.
-_GZ_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+#: Formats read from a compressed file, by the suffix before ``.gz``, ``.bz2`` or ``.xz``.
+_COMPRESSED_SUFFIXES = {".jsonl": "jsonl", ".json": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".tsv": "tsv"}
+#: Compressions named by a suffix that fedpriv does not stream, and how to read such a file.
+_UNREAD_SUFFIXES = {".zst": "decompress it first (zstd -d --long=31 FILE), or recompress it as gzip", ".zip": "unzip it first"}
+#: Options only a table loader takes: given with a ``.tsv``, they mean a TSV table, not CoNLL.
+_TABLE_OPTIONS = ("user_column", "text_column", "tokens_column", "tags_column", "timestamp_column", "unit", "quoting")
 
 
-def guess_format(path: Path) -> str:
-    """The format a path's name implies (see the module docstring)."""
+def guess_format(path: Path, options: dict[str, Any] | None = None) -> str:
+    """The format a path's name implies (see the module docstring); ``options``, the loader options
+    given, tell a TSV table from CoNLL."""
+    from fedpriv.data.tabular import COMPRESSION_SUFFIXES
+
     if path.is_dir():
         return "hf"
-    if path.suffix.lower() == ".gz":
+    suffix = path.suffix.lower()
+    if suffix in _UNREAD_SUFFIXES:
+        raise SourceError(f"{path}: {suffix[1:]} files are not read (fedpriv streams gzip, bzip2 and xz): {_UNREAD_SUFFIXES[suffix]}")
+    if suffix in COMPRESSION_SUFFIXES:
         inner = Path(path.stem).suffix.lower()
-        fmt = _GZ_SUFFIXES.get(inner)
+        fmt = _COMPRESSED_SUFFIXES.get(inner)
         if fmt is None:
             raise SourceError(
-                f"{path}: gzip is read for JSON Lines, CSV and TSV tables ({', '.join('*' + s + '.gz' for s in _GZ_SUFFIXES)}); "
-                f"gunzip it first{'' if inner else ', or pass format= jsonl, csv or tsv'}"
+                f"{path}: {COMPRESSION_SUFFIXES[suffix]} is read for JSON Lines, CSV and TSV tables "
+                f"({', '.join('*' + s + suffix for s in _COMPRESSED_SUFFIXES)}); "
+                f"decompress it first{'' if inner else ', or pass format= jsonl, csv or tsv'}"
             )
         return fmt
-    fmt = _SUFFIXES.get(path.suffix.lower())
+    fmt = _SUFFIXES.get(suffix)
     if fmt is None:
         raise SourceError(f"{path}: cannot tell the format from the name; pass format= one of {', '.join(FORMATS)}")
-    if fmt == "conll" and path.suffix.lower() == ".tsv" and _tsv_table(path):
+    if fmt == "conll" and suffix == ".tsv" and (_tsv_table(path) or any(k in (options or {}) for k in _TABLE_OPTIONS)):
         return "tsv"
     return fmt
 
@@ -227,7 +242,7 @@ def open_corpus(spec: str, format: str | None = None, **options: Any) -> Federat
     path = Path(spec)
     if not path.exists():
         raise SourceError(f"{spec}: no such file or directory (and not 'shakespeare' or 'synthetic:...')")
-    fmt = format or guess_format(path)
+    fmt = format or guess_format(path, options)
     if fmt in TABLES:
         from fedpriv.data.tabular import load_table
 

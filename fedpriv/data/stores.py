@@ -79,6 +79,22 @@ class MemoryStore(UserStore):
         return np.array([len(self._users[u]) for u in self._ids], dtype=np.int64)
 
 
+def is_corpus_store(path: Path) -> bool:
+    """Whether ``path`` is a corpus store a spill wrote (an SQLite file whose meta names a kind):
+    a spill may replace only such a file."""
+    try:
+        with open(path, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                return False
+        con = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True)
+        try:
+            return con.execute("SELECT value FROM meta WHERE key='kind'").fetchone() is not None
+        finally:
+            con.close()
+    except (OSError, sqlite3.Error):
+        return False
+
+
 class SqliteStore(UserStore):
     """A spilled corpus on disk: one row per example, indexed by user. Memory-bounded to build and read.
 
@@ -110,6 +126,8 @@ class SqliteStore(UserStore):
         path = Path(path)
         if path.is_dir():
             raise FedprivError(f"spill_to {path}: not a file path (a folder is there)")
+        if path.exists() and not is_corpus_store(path):
+            raise FedprivError(f"spill_to {path}: a file that is not a fedpriv corpus store is there; remove it or name a new file (a spill file is written anew)")
         tmp = path.with_name(path.name + ".partial")
         if tmp.exists():
             tmp.unlink()

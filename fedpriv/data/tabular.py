@@ -4,7 +4,16 @@ Every row is one example of one user. Columns (names configurable):
 
 * ``user_id``: a string or an integer (converted to ``str``); empty or null is an error, and so
   is an integer id that prints the same as a string id of the file (``1`` and ``"1"`` in JSON
-  Lines would merge two users into one: refused naming both lines).
+  Lines would merge two users into one: refused naming both lines). A string id is trimmed of
+  surrounding whitespace and put in Unicode NFC form (``"alice "`` and ``"alice"`` are one user;
+  counted in the corpus notes). An id that a spreadsheet or pandas has mangled is refused: a
+  number in scientific notation (``1.23457E+18``: rounding has merged users) or an integer
+  written as a float (``1.0``). A placeholder id (:data:`PLACEHOLDER_USER_IDS`: ``[deleted]``,
+  ``nan``, ``null``, ``\\N``, ...; any case) stands for many people, so its rows are skipped and
+  counted (``placeholder_users="keep"`` keeps them as one user). Ids that differ only in letter
+  case stay apart (``user_id_case="fold"`` merges them) and are counted in a note: one person
+  with two ids is two users to a per-user ε. A dotted column name (``user.screen_name``) reads a
+  nested JSON field when no column has that name.
 * Text mode (default): ``text``, a string, normalized with
   :func:`fedpriv.data.tokenize.normalize` unless ``normalize_text=False`` (then it must already be
   space-separated tokens).
@@ -14,9 +23,10 @@ Every row is one example of one user. Columns (names configurable):
 * ``timestamp_column`` (optional): epoch seconds (a number, or a numeric string in CSV), an
   ISO-8601 string (naive means UTC), or a Parquet timestamp/date; stored as epoch seconds UTC.
 
-Gzip (``*.jsonl.gz``, ``*.csv.gz``, ``*.tsv.gz``; any JSONL/CSV/TSV file that starts with the gzip
-magic bytes) is decompressed as it streams; line numbers in errors are those of the decompressed
-text, and a corrupt or truncated gzip stream is an error naming the line where it broke.
+Gzip, bzip2 and xz (``*.jsonl.gz``, ``*.csv.bz2``, ``*.tsv.xz``, ...; any JSONL/CSV/TSV file that
+starts with their magic bytes) are decompressed as they stream; line numbers in errors are those of
+the decompressed text, and a corrupt or truncated stream is an error naming the line where it
+broke. A zstd or zip file is refused with how to decompress it.
 
 ``unit="sentence"`` (text mode only; default ``"row"``, one example per row) makes every sentence
 of a row's text an example of the row's user, in order: hard line breaks joined, split by
@@ -27,8 +37,13 @@ kept as text. What was done is said once in the corpus notes (rows and sentences
 Rows whose example is empty (text normalizing to nothing, or no tokens) are skipped; an empty or
 blank token or tag in a list is an error, and so is a NUL character in any string. Text files are
 read strictly as UTF-8 (a BOM at the start of a line is dropped; a NUL byte is an error). JSONL
-blank lines are skipped; so are CSV records with no fields (blank lines). CSV and TSV use the
-:mod:`csv` module's standard quoting (as pandas writes them), strictly: bad quoting is an error.
+blank lines are skipped; so are CSV records with no fields (blank lines); a JSON array, or an
+object spread over several lines, is refused with a hint; a used key twice in one object is an
+error (JSON would keep the last). CSV and TSV use the :mod:`csv` module's standard quoting (as
+pandas writes them), strictly: bad quoting is an error, and records that span several lines are
+counted in the notes; in a TSV, a quoted field that runs over a line break into a tab (a stray
+quote joining rows of other users) is an error. ``quoting="none"`` reads quotes as ordinary
+characters (a field then holds no delimiter and no line break). Fields have no size limit.
 
 Rows stream one at a time (Parquet: one record batch at a time), so with ``spill_to`` memory
 stays bounded whatever the file's size. Malformed input raises
@@ -38,13 +53,19 @@ a quoted multi-line CSV record, its last line) or ``"row N"`` (Parquet, 1-based)
 
 from __future__ import annotations
 
+import bz2
 import csv
 import gzip
 import json
+import lzma
 import math
 import os
+import re
+import sys
+import unicodedata
 import zlib
-from collections.abc import Iterable, Iterator, Mapping
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import date, datetime, timezone
 from pathlib import Path
@@ -67,16 +88,41 @@ _FORMAT_NAMES = {"jsonl": "jsonl", "json": "jsonl", "ndjson": "jsonl", "csv": "c
 _PARQUET_BATCH_ROWS = 4096
 #: What an example is: a row, or each sentence of a row's text (see the module docstring).
 UNITS = ("row", "sentence")
-_GZIP_MAGIC = b"\x1f\x8b"
+#: Stream compressions read as they stream, by the suffix that names them and by their magic bytes.
+COMPRESSION_SUFFIXES = {".gz": "gzip", ".bz2": "bzip2", ".xz": "xz"}
+_MAGIC = ((b"\x1f\x8b", "gzip"), (b"\xfd7zXZ\x00", "xz"))
+#: Compressions refused, by magic bytes: (name, how to read the file instead).
+_UNREAD_MAGIC = (
+    (b"\x28\xb5\x2f\xfd", "zstd", "decompress it first (zstd -d --long=31 FILE), or recompress it as gzip"),
+    (b"PK\x03\x04", "zip", "unzip it first"),
+)
+#: Quoting of CSV/TSV fields: the csv module's standard quoting, or quotes as ordinary characters.
+QUOTINGS = ("csv", "none")
+#: User ids that stand for many people (compared casefolded): deleted accounts, missing values.
+PLACEHOLDER_USER_IDS = frozenset({"[deleted]", "[removed]", "nan", "none", "null", "\\n", "n/a", "#n/a", "undefined"})
+PLACEHOLDER_USERS = ("skip", "keep")
+USER_ID_CASES = ("keep", "fold")
+#: A number in scientific notation, or an integer written as a float: ids mangled by a spreadsheet or pandas.
+_SCIENTIFIC_ID = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+_FLOAT_INT_ID = re.compile(r"[+-]?\d+\.0+")
+#: Epoch seconds of 3000-01-01: a larger timestamp is milliseconds (or finer) since the epoch.
+_MAX_EPOCH_SECONDS = 32503680000.0
+
+csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a long post is a valid field, not a malformed file
 
 
 def format_suffix(path: Path) -> tuple[str, bool]:
-    """``(suffix that names the format, lowercased; whether the name ends in .gz)``:
-    ``a.jsonl.gz`` -> ``(".jsonl", True)``."""
+    """``(suffix that names the format, lowercased; whether the name ends in a compression suffix)``:
+    ``a.jsonl.gz`` -> ``(".jsonl", True)`` (also ``.bz2``, ``.xz``)."""
     suffix = path.suffix.lower()
-    if suffix == ".gz":
+    if suffix in COMPRESSION_SUFFIXES:
         return Path(path.stem).suffix.lower(), True
     return suffix, False
+
+
+def normalized_user_id(value: str | int) -> str:
+    """An id as a user: an integer printed, a string trimmed and in Unicode NFC form."""
+    return str(value) if isinstance(value, int) else unicodedata.normalize("NFC", value).strip()
 
 
 class RowError(Exception):
@@ -104,6 +150,7 @@ def parse_timestamp(value: object) -> float:
         raise RowError("missing (null) timestamp")
     if isinstance(value, bool):
         raise RowError(f"timestamp must be a number or an ISO-8601 string, got {value!r}")
+    number = True  # epoch seconds given as a number (not a date)
     try:
         if isinstance(value, (int, float)):
             t = float(value)
@@ -112,6 +159,7 @@ def parse_timestamp(value: object) -> float:
             try:
                 t = float(s)
             except ValueError:
+                number = False
                 try:
                     dt = datetime.fromisoformat(s)
                 except ValueError:
@@ -127,6 +175,8 @@ def parse_timestamp(value: object) -> float:
         raise RowError(f"timestamp {value!r} out of range ({e})") from None
     if not math.isfinite(t):
         raise RowError(f"timestamp {value!r} is not finite")
+    if number and isinstance(value, (int, float, str)) and t > _MAX_EPOCH_SECONDS:
+        raise RowError(f"timestamp {value!r} is after the year 3000: milliseconds since the epoch? (fedpriv reads epoch seconds: divide by 1000)")
     return t
 
 
@@ -145,6 +195,8 @@ class RowConverter:
         normalize_text: bool,
         split_strings: bool = False,
         unit: str = "row",
+        placeholder_users: str = "skip",
+        user_id_case: str = "keep",
     ):
         if (tokens_column is None) != (tags_column is None):
             raise FedprivError("tagged mode needs both tokens_column and tags_column (or neither, for text mode)")
@@ -152,7 +204,13 @@ class RowConverter:
             raise SourceError(f"unit must be one of {', '.join(repr(u) for u in UNITS)}, got {unit!r}")
         if unit == "sentence" and tokens_column is not None:
             raise SourceError("unit='sentence' splits text; a tagged table (tokens_column, tags_column) keeps one example per row")
+        if placeholder_users not in PLACEHOLDER_USERS:
+            raise SourceError(f"placeholder_users must be one of {', '.join(repr(u) for u in PLACEHOLDER_USERS)}, got {placeholder_users!r}")
+        if user_id_case not in USER_ID_CASES:
+            raise SourceError(f"user_id_case must be one of {', '.join(repr(u) for u in USER_ID_CASES)}, got {user_id_case!r}")
         self.unit = unit
+        self.placeholder_users = placeholder_users
+        self.user_id_case = user_id_case
         self.user_column = user_column
         self.text_column = text_column
         self.tokens_column = tokens_column
@@ -170,28 +228,71 @@ class RowConverter:
         #: unit="sentence": rows split, and the sentences they gave (for the corpus notes)
         self.split_rows = 0
         self.sentences = 0
+        #: rows whose string user id was trimmed or put in NFC form; rows skipped for a placeholder id, by id
+        self.normalized_ids = 0
+        self.skipped_placeholder: Counter[str] = Counter()
+        #: the top-level JSON keys the columns read (a duplicate of one is an error)
+        self.keys = frozenset(c.split(".", 1)[0] for c in self.columns) | frozenset(self.columns)
         #: where each user id was first seen, by the type it had there (an integer or a string):
         #: 1 and "1" print the same and would merge two users into one
         self._first_seen: dict[bool, dict[str, int | str | None]] = {True: {}, False: {}}
 
     @staticmethod
     def _get(row: Mapping, col: str) -> object:
+        """``row[col]``; a dotted name (``user.screen_name``) that is no column reads a nested field."""
         try:
             return row[col]
         except KeyError:
-            raise RowError(f"missing column {col!r}") from None
+            pass
+        value: object = row
+        for part in col.split(".") if "." in col else ():
+            if not isinstance(value, Mapping) or part not in value:
+                break
+            value = value[part]
+        else:
+            if "." in col:
+                return value
+        keys = list(row)
+        shown = ", ".join(map(repr, keys[:20])) + (f", ... ({len(keys)} keys)" if len(keys) > 20 else "")
+        raise RowError(f"missing column {col!r}; the row has {shown}")
 
-    def user_id(self, value: object, where: int | str | None = None) -> str:
-        """The user id as a string; refused when null, empty, of another type, or when it prints
-        the same as an id of the other type seen before (``where``: this row's line or ``row N``)."""
+    def id_key(self, value: str | int) -> str:
+        """The user a raw id belongs to, without the checks and counts of :meth:`user_id`."""
+        uid = normalized_user_id(value)
+        return uid.casefold() if self.user_id_case == "fold" and not isinstance(value, int) else uid
+
+    def user_id(self, value: object, where: int | str | None = None) -> str | None:
+        """The user id as a string (:func:`normalized_user_id`; casefolded with ``user_id_case="fold"``),
+        or ``None`` for a placeholder id whose row is skipped. Refused when null, empty, of another
+        type, mangled by a spreadsheet (``1.23457E+18``, ``1.0``), or when it prints the same as an
+        id of the other type seen before (``where``: this row's line or ``row N``)."""
         if value is None:
             raise RowError(f"null user id in column {self.user_column!r}")
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise RowError(f"user id must be a string or an integer, got {_type_name(value)}")
-        uid = _check_unicode(value, "the user id") if isinstance(value, str) else str(value)
-        if not uid.strip():
+        uid = normalized_user_id(_check_unicode(value, "the user id") if isinstance(value, str) else value)
+        if not uid:
             raise RowError(f"empty user id in column {self.user_column!r}")
         is_int = isinstance(value, int)
+        if not is_int:
+            if uid != value:
+                self.normalized_ids += 1
+            if uid.casefold() in PLACEHOLDER_USER_IDS and self.placeholder_users == "skip":
+                self.skipped_placeholder[uid] += 1
+                return None
+            numeric = uid[0] in "+-.0123456789"
+            if numeric and _SCIENTIFIC_ID.fullmatch(uid):
+                raise RowError(
+                    f"user id {uid!r} is a number in scientific notation: a spreadsheet rounded it, and users whose ids round "
+                    "alike would merge into one; export the ids as text"
+                )
+            if numeric and _FLOAT_INT_ID.fullmatch(uid):
+                raise RowError(
+                    f"user id {uid!r} is an integer written as a float (pandas writes integer ids so when the column has "
+                    f"missing values): {uid.split('.')[0]!r} and {uid!r} would be two users; write the ids as integers"
+                )
+            if self.user_id_case == "fold":
+                uid = uid.casefold()
         if uid in self._first_seen[not is_int]:
             first = self._first_seen[not is_int][uid]
             at = "an earlier row" if first is None else f"line {first}" if isinstance(first, int) else first
@@ -226,6 +327,8 @@ class RowConverter:
             out = self.convert(row, where)
             return [] if out is None else [out]
         uid = self.user_id(self._get(row, self.user_column), where)
+        if uid is None:
+            return []
         ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
         clean = normalize if self.normalize_text else (lambda s: " ".join(s.split()))
         texts = [t for t in map(clean, prose_sentences(self._text(row))) if t]
@@ -239,6 +342,8 @@ class RowConverter:
     def convert(self, row: Mapping, where: int | str | None = None) -> tuple[str, Example] | None:
         """``where``: the row's line (an int) or ``"row N"``, to name the first row of a user id that clashes."""
         uid = self.user_id(self._get(row, self.user_column), where)
+        if uid is None:
+            return None
         ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
         if self.kind == "text":
             text = self._text(row)
@@ -263,10 +368,41 @@ class RowConverter:
 
 
 def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
-    """Say how many rows gave no example (their text or token list was empty)."""
+    """Say how many rows gave no example (their text or token list was empty, or their user id a
+    placeholder), and what was done to user ids (:func:`note_user_ids`)."""
     if conv.skipped_empty:
         what = "text" if conv.kind == "text" else "token list"
         corpus.note(f"{conv.skipped_empty} rows of {corpus.name} have an empty {what} and were skipped", skipped_empty=conv.skipped_empty)
+    if conv.skipped_placeholder:
+        n = sum(conv.skipped_placeholder.values())
+        which = ", ".join(f"{u!r} ({k:,})" for u, k in conv.skipped_placeholder.most_common())
+        corpus.note(
+            f"{n:,} rows of {corpus.name} have a placeholder user id and were skipped: {which}; such an id stands for many "
+            "people, not one user (placeholder_users='keep' keeps them, as one user)",
+            skipped_placeholder=n,
+        )
+    note_user_ids(corpus, conv)
+
+
+def note_user_ids(corpus: FederatedCorpus, conv: RowConverter) -> None:
+    """Say how many rows' ids were trimmed or put in NFC form, and how many ids differ only in
+    letter case (counts only: the ids themselves are the private users' names)."""
+    if conv.normalized_ids:
+        corpus.note(
+            f"{conv.normalized_ids:,} rows of {corpus.name} have a user id with surrounding whitespace or in another Unicode "
+            "form than NFC: trimmed and put in NFC, so ids that differ only so are one user",
+            normalized_user_ids=conv.normalized_ids,
+        )
+    if conv.user_id_case == "keep":
+        folded = Counter(u.casefold() for seen in conv._first_seen.values() for u in seen)
+        groups = [k for k in folded.values() if k > 1]
+        if groups:
+            corpus.note(
+                f"{len(groups):,} groups of user ids of {corpus.name} ({sum(groups):,} ids) differ only in letter case; they are "
+                f"kept apart, so one person with k such ids counts as k users, and a per-user epsilon covers that person "
+                "only as k users (group privacy); user_id_case='fold' makes each group one user",
+                user_ids_differing_in_case=sum(groups),
+            )
 
 
 def note_sentences(corpus: FederatedCorpus, conv: RowConverter) -> None:
@@ -307,48 +443,97 @@ def decoded_lines(path: Path, f: Iterable[bytes]) -> Iterator[tuple[int, str]]:
         yield n, decode_line(path, n, raw)
 
 
-def _gunzipped(path: Path, f: gzip.GzipFile) -> Iterator[bytes]:
+def compression_of(path: Path, head: bytes) -> str | None:
+    """The stream compression a file's first bytes show (``"gzip"``, ``"bzip2"``, ``"xz"``), or None;
+    a zstd or zip file is a :class:`SourceError` saying how to read it."""
+    for magic, name in _MAGIC:
+        if head.startswith(magic):
+            return name
+    if head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:10] in (b"1AY&SY", b"\x17rE8P\x90"):
+        return "bzip2"
+    for magic, name, how in _UNREAD_MAGIC:
+        if head.startswith(magic):
+            raise SourceError(f"{path}: {name}-compressed; fedpriv streams gzip, bzip2 and xz: {how}")
+    return None
+
+
+def _decompressed(path: Path, f, name: str) -> Iterator[bytes]:  # noqa: ANN001
     """The decompressed lines; a corrupt or truncated stream is an error naming the line it broke in."""
     n = 0
     while True:
         try:
             line = f.readline()
-        except (OSError, EOFError, zlib.error) as e:
-            raise DataFormatError(path, n + 1, f"the gzip data is corrupt or truncated ({_one_line(e)})") from None
+        except (OSError, EOFError, zlib.error, lzma.LZMAError) as e:
+            raise DataFormatError(path, n + 1, f"the {name} data is corrupt or truncated ({_one_line(e)})") from None
         if not line:
             return
         n += 1
         yield line
 
 
+_DECOMPRESSORS: dict[str, Callable] = {"gzip": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"), "bzip2": bz2.BZ2File, "xz": lzma.LZMAFile}
+
+
 @contextmanager
 def open_lines(path: Path) -> Iterator[Iterable[bytes]]:
     """The physical lines (bytes) of a text file, decompressed as they stream when the file starts
-    with the gzip magic bytes (whatever its name)."""
+    with gzip, bzip2 or xz magic bytes (whatever its name)."""
     with open(path, "rb") as raw:
-        gz = raw.read(2) == _GZIP_MAGIC
+        name = compression_of(path, raw.read(10))
         raw.seek(0)
-        if not gz:
+        if name is None:
             yield raw
             return
-        with gzip.GzipFile(fileobj=raw, mode="rb") as f:
-            yield _gunzipped(path, f)
+        with _DECOMPRESSORS[name](raw) as f:
+            yield _decompressed(path, f, name)
+
+
+def _json_hint(line: str, first: bool) -> str:
+    """Why a JSON Lines line may not parse: a pretty-printed object, classic Mac line ends."""
+    if first and line.strip() in ("{", "{}") or line.strip().endswith("{"):
+        return " (an object spread over several lines? JSON Lines needs one object per line: jq -c . FILE)"
+    if "\r" in line.rstrip("\r\n"):
+        return " (the line holds a carriage return: classic Mac line ends? convert them with tr '\\r' '\\n')"
+    return ""
+
+
+def _duplicate_key(conv: RowConverter, line: str) -> str | None:
+    """A key the columns read that appears twice in the line's object (JSON would keep the last);
+    the line is parsed again only when such a key's text appears twice."""
+    if not any(line.count(f'"{k}"') > 1 for k in conv.keys):
+        return None
+    dup: list[str] = []
+
+    def pairs(items: list[tuple[str, object]]) -> dict:
+        seen: set[str] = set()
+        for k, _ in items:
+            if k in seen:
+                dup.append(k)
+            seen.add(k)
+        return dict(items)
+
+    top = json.loads(line, object_pairs_hook=pairs)
+    return next((k for k in dup if k in conv.keys and k in top), None)
 
 
 def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]:
     with open_lines(path) as f:
+        first = True
         for n, line in decoded_lines(path, f):
             if not line.strip():
                 continue
+            if first and line.lstrip().startswith("["):
+                raise DataFormatError(path, n, "a JSON array is not supported: JSON Lines needs one object per line (convert it with jq -c '.[]' FILE)")
             try:
                 obj = json.loads(line)
             except (ValueError, RecursionError) as e:
-                hint = ""
-                if n == 1 and line.lstrip().startswith("["):
-                    hint = " (expected JSON Lines, one object per line; a JSON array is not supported)"
-                raise DataFormatError(path, n, f"invalid JSON: {e}{hint}") from None
+                raise DataFormatError(path, n, f"invalid JSON: {e}{_json_hint(line, first)}") from None
+            first = False
             if not isinstance(obj, dict):
                 raise DataFormatError(path, n, f"expected a JSON object, got {_type_name(obj)}")
+            dup = _duplicate_key(conv, line)
+            if dup is not None:
+                raise DataFormatError(path, n, f"the key {dup!r} appears twice in the object (JSON keeps the last): which value is meant?")
             try:
                 out = conv.convert_all(obj, n)
             except RowError as e:
@@ -356,10 +541,20 @@ def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]
             yield from out
 
 
-def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[str, Example]]:
+class MultilineRecords:
+    """CSV/TSV records that spanned several physical lines (quoted line breaks), for the notes."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first_line: int | None = None
+
+
+def _csv_rows(path: Path, conv: RowConverter, delimiter: str, quoting: str = "csv", multiline: MultilineRecords | None = None) -> Iterator[tuple[str, Example]]:
+    what = "TSV" if delimiter == "\t" else "CSV"
+    multiline = multiline if multiline is not None else MultilineRecords()
     with open_lines(path) as f:
         lines = (text for _, text in decoded_lines(path, f))
-        reader = csv.reader(lines, delimiter=delimiter, strict=True)
+        reader = csv.reader(lines, delimiter=delimiter, strict=True, quoting=csv.QUOTE_NONE if quoting == "none" else csv.QUOTE_MINIMAL)
         try:
             header = next(reader, None)
             if header is None:
@@ -371,9 +566,20 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[
             if dup:
                 raise DataFormatError(path, reader.line_num, f"column(s) {dup} appear more than once in the header")
             width = len(header)
+            end = reader.line_num
             for rec in reader:
+                start, end = end + 1, reader.line_num
                 if not rec:
                     continue
+                if end > start:
+                    multiline.count += 1
+                    multiline.first_line = multiline.first_line or start
+                    if delimiter == "\t" and any("\t" in v.partition("\n")[2] or "\t" in v.partition("\r")[2] for v in rec):
+                        raise DataFormatError(
+                            path, start, f"a quoted field starting on this line runs over {end - start} line break(s) into a tab: "
+                            "a stray quote (\") joining other rows into this one? pass quoting='none' if quotes are ordinary "
+                            "characters in this file"
+                        )
                 if len(rec) != width:
                     raise DataFormatError(path, reader.line_num, f"{len(rec)} fields but the header has {width}")
                 try:
@@ -382,7 +588,20 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str) -> Iterator[tuple[
                     raise DataFormatError(path, reader.line_num, str(e)) from None
                 yield from out
         except csv.Error as e:
-            raise DataFormatError(path, reader.line_num, f"malformed {'TSV' if delimiter == chr(9) else 'CSV'}: {e}") from None
+            msg = str(e)
+            if "new-line character seen in unquoted field" in msg:
+                msg = "a carriage return inside a field: classic Mac line ends? convert them with tr '\\r' '\\n'"
+            raise DataFormatError(path, reader.line_num, f"malformed {what}: {msg}") from None
+
+
+def note_multiline(corpus: FederatedCorpus, multiline: MultilineRecords) -> None:
+    """Say how many CSV/TSV records spanned several lines: a stray quote joins rows this way."""
+    if multiline.count:
+        corpus.note(
+            f"{multiline.count:,} records of {corpus.name} span several lines (quoted fields holding line breaks; the first "
+            f"starts at line {multiline.first_line}): if a stray quote joined rows, pass quoting='none'",
+            multiline_records=multiline.count,
+        )
 
 
 def _one_line(e: BaseException) -> str:
@@ -417,6 +636,9 @@ def _parquet_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example
     missing = [c for c in conv.columns if c not in names]
     if missing:
         raise DataFormatError(path, "schema", f"missing column(s) {missing}; the file has {names}")
+    dup = [c for c in conv.columns if names.count(c) > 1]
+    if dup:
+        raise DataFormatError(path, "schema", f"column(s) {dup} appear more than once in the schema {names}")
     n = 0
     try:
         for batch in pf.iter_batches(batch_size=_PARQUET_BATCH_ROWS, columns=conv.columns):
@@ -441,7 +663,7 @@ def _resolve_format(path: Path, format: str | None) -> str:
         if fmt is None:
             raise SourceError(f"{path}: cannot tell the format from the suffix {path.suffix!r}; pass format= one of {sorted(_FORMAT_NAMES)}")
         if gz and fmt == "parquet":
-            raise SourceError(f"{path}: a gzipped Parquet file is not read (Parquet compresses inside); gunzip it first")
+            raise SourceError(f"{path}: a compressed Parquet file is not read (Parquet compresses inside); decompress it first")
         return fmt
     fmt = _FORMAT_NAMES.get(format.lower().lstrip("."))
     if fmt is None:
@@ -460,6 +682,9 @@ def load_table(
     timestamp_column: str | None = None,
     normalize_text: bool = True,
     unit: str = "row",
+    quoting: str = "csv",
+    placeholder_users: str = "skip",
+    user_id_case: str = "keep",
     spill_to: str | os.PathLike[str] | None = None,
 ) -> FederatedCorpus:
     """A corpus from a table with one example per row, grouped by ``user_column``.
@@ -468,7 +693,11 @@ def load_table(
     inferred from the suffix. Tagged mode when ``tokens_column`` and ``tags_column`` are given,
     text mode otherwise (see the module docstring for the column rules). ``unit`` is ``"row"``
     (one example per row) or ``"sentence"`` (each sentence of a row's text; see the module
-    docstring). Gzipped JSONL/CSV/TSV stream decompressed. With ``spill_to`` (a file
+    docstring). ``quoting`` (CSV/TSV): ``"csv"`` (standard quoting) or ``"none"`` (quotes are
+    ordinary characters). ``placeholder_users``: ``"skip"`` rows whose user id is a placeholder
+    (``[deleted]``, ``nan``, ...) or ``"keep"`` them as one user; ``user_id_case``: ``"keep"`` ids
+    that differ only in letter case apart, or ``"fold"`` them into one user. Compressed
+    JSONL/CSV/TSV (gzip, bzip2, xz) stream decompressed. With ``spill_to`` (a file
     path) examples go to an on-disk SQLite store as they stream; if loading fails, nothing is left
     at ``spill_to`` (an existing file there is kept as it was).
 
@@ -488,7 +717,14 @@ def load_table(
         normalize_text=normalize_text,
         split_strings=fmt in ("csv", "tsv"),
         unit=unit,
+        placeholder_users=placeholder_users,
+        user_id_case=user_id_case,
     )
+    if quoting not in QUOTINGS:
+        raise SourceError(f"quoting must be one of {', '.join(repr(q) for q in QUOTINGS)}, got {quoting!r}")
+    if quoting != "csv" and fmt not in ("csv", "tsv"):
+        raise SourceError(f"quoting={quoting!r} is for CSV and TSV files, not {fmt}")
+    multiline = MultilineRecords()
     if spill_to is not None:
         spill = Path(spill_to)
         if not spill.parent.is_dir():
@@ -500,11 +736,12 @@ def load_table(
     elif fmt == "parquet":
         stream = _parquet_rows(path, conv)
     else:
-        stream = _csv_rows(path, conv, "\t" if fmt == "tsv" else ",")
+        stream = _csv_rows(path, conv, "\t" if fmt == "tsv" else ",", quoting, multiline)
     try:
         corpus = FederatedCorpus.from_stream(stream, conv.kind, name=path.name, spill_to=spill_to)
         note_sentences(corpus, conv)
         note_skipped_rows(corpus, conv)
+        note_multiline(corpus, multiline)
         return corpus
     except EmptyCorpusError as e:
         if str(path) in str(e):

@@ -1,10 +1,17 @@
 """Text normalization like the TFF Stack Overflow NWP data: lowercase, punctuation split into
 separate tokens, tokens joined by single spaces; plus sentence splitting and HTML stripping.
 
+Text is put in Unicode NFC form first, so a precomposed ``é`` and ``e`` + combining accent give the
+same token, and combining marks (Unicode categories Mn, Mc, Me: Devanagari vowel signs and viramas,
+Arabic harakat, ...) continue the word they follow (``हिन्दी``, ``مُحَمَّد`` stay one token each).
+
 Two sentence splitters: :func:`split_sentences` (any ``.``/``!``/``?`` before whitespace; the
 Shakespeare and Stack Exchange loaders, whose numbers stay as they were) and :func:`prose_sentences`
-(only before a capital or a digit, never after an abbreviation such as ``e.g.``, ``et al.`` or
-``Fig. 3``; scientific prose such as arXiv abstracts, the tables' ``unit="sentence"``).
+(only before a capital or a digit, possibly after an opening quote or bracket such as ``"``, ``(``,
+``¿``, ``¡``, ``«``, ``“``; never after an abbreviation such as ``e.g.``, ``et al.`` or ``Fig. 3``;
+and after every full-width ``。``, ``！``, ``？``, which need no whitespace after them: Chinese and
+Japanese text; scientific prose such as arXiv abstracts, the tables' ``unit="sentence"``). Both take
+time linear in the text's length, runs of punctuation included.
 
 ``normalize("Don't panic, it's HTML!")`` -> ``"don't panic , it's html !"``
 """
@@ -12,20 +19,43 @@ Shakespeare and Stack Exchange loaders, whose numbers stay as they were) and :fu
 from __future__ import annotations
 
 import html
+import itertools
 import re
+import sys
+import unicodedata
 from html.parser import HTMLParser
 
-# A word is a run of letters/digits, with inner apostrophes or hyphens (don't, e-mail); every
-# other non-space character is a token of its own.
-_TOKEN = re.compile(r"[^\W_]+(?:['\u2019\-][^\W_]+)*|[^\w\s]|_", re.UNICODE)
+
+def _mark_class() -> str:
+    """A regex character class of every combining mark (categories Mn, Mc, Me), as ranges."""
+    is_mark = {"Mn", "Mc", "Me"}.__contains__
+    points = itertools.compress(range(sys.maxunicode + 1), map(is_mark, map(unicodedata.category, map(chr, range(sys.maxunicode + 1)))))
+    ranges: list[list[int]] = []
+    for c in points:
+        if ranges and ranges[-1][1] == c - 1:
+            ranges[-1][1] = c
+        else:
+            ranges.append([c, c])
+    return "[" + "".join(f"\\U{a:08x}" if a == b else f"\\U{a:08x}-\\U{b:08x}" for a, b in ranges) + "]"
+
+
+# Python's ``\w`` holds letters and digits but no combining marks, so a mark after a word's
+# first letter or digit is allowed separately (an unambiguous pattern: marks, then letters/digits).
+_MARK = _mark_class()
+_WORD_PART = rf"[^\W_]+(?:{_MARK}+[^\W_]*)*"
+# A word is a run of letters/digits and the combining marks after them, with inner apostrophes or
+# hyphens (don't, e-mail); every other non-space character (a mark with no word before it too)
+# is a token of its own.
+_TOKEN = re.compile(rf"{_WORD_PART}(?:['\u2019\-]{_WORD_PART})*|[^\w\s]|_", re.UNICODE)
 # A sentence ends at . ! or ? (possibly repeated, possibly followed by a closing quote or
-# bracket) followed by whitespace.
+# bracket) followed by whitespace. (Lookbehinds of one or two characters: linear on any run.)
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 
 
 def tokenize(text: str) -> list[str]:
-    """Lowercased tokens: words (with inner apostrophes/hyphens) and single punctuation marks."""
-    return _TOKEN.findall(text.lower().replace("\u2019", "'"))
+    """Lowercased tokens of the NFC form of ``text``: words (letters and digits with the combining
+    marks after them, with inner apostrophes/hyphens) and single punctuation marks."""
+    return _TOKEN.findall(unicodedata.normalize("NFC", text).lower().replace("\u2019", "'"))
 
 
 def normalize(text: str) -> str:
@@ -42,10 +72,20 @@ def split_sentences(text: str) -> list[str]:
     return out
 
 
-# A candidate sentence end: . ! ? (repeated or not), closing quotes/brackets, whitespace, then a
-# letter or digit that is not an ASCII lowercase letter (possibly after an opening quote/bracket).
-_PROSE_END = re.compile(r"[.!?]+[\"')\]]*\s+(?=[\"'(\[{]?[^\W_a-z])")
-_OPENERS = "\"'([{"
+# A candidate sentence end, matched only from the start of a run of terminators (the lookbehind:
+# otherwise a long run that does not end a sentence is retried from each of its characters, which
+# takes quadratic time). Either (group "wide") a run holding a full-width 。！？, then closing
+# quotes/brackets and any whitespace: a sentence end whatever follows; or . ! ? (repeated or
+# not), closing quotes/brackets, whitespace, then a letter or digit that is not an ASCII lowercase
+# letter (possibly after an opening quote/bracket): a sentence end if it is a capital or a digit
+# and the period closes no abbreviation.
+_OPENERS = "\"'([{\u00bf\u00a1\u00ab\u201c\u2018"  # also ¿ ¡ « “ ‘
+_WIDE_CLOSERS = "\"')\\]}\u00bb\u2019\u201d\u300d\u300f\u3009\u300b\u3011\u3015\u3017\u3019\u301b\uff09\uff3d\uff5d\uff63"
+_PROSE_END = re.compile(
+    r"(?<![.!?\u3002\uff01\uff1f])(?:"
+    r"(?P<wide>[.!?]*[\u3002\uff01\uff1f][.!?\u3002\uff01\uff1f]*[" + _WIDE_CLOSERS + r"]*\s*)"
+    r"|[.!?]+[\"')\]]*\s+(?=[" + re.escape(_OPENERS) + r"]?[^\W_a-z]))"
+)
 #: Words whose final period never ends a sentence (compared lowercased, without the final period).
 ABBREVIATIONS = frozenset(
     "e.g i.e al vs cf viz approx resp ca dr mr mrs ms prof jr sr st inc ltd corp co dept univ u.s u.k w.r.t a.k.a".split()
@@ -57,7 +97,7 @@ NUMBER_ABBREVIATIONS = frozenset("fig figs eq eqs eqn sec secs sect tab ref refs
 def _abbreviation_before(text: str, end: int, next_char: str) -> bool:
     """Whether the period at ``text[end]`` closes an abbreviation (``e.g.``; ``Fig.`` before a number)."""
     start = text.rfind(" ", 0, end) + 1
-    word = text[start:end].lstrip("\"'([{").lower()
+    word = text[start:end].lstrip(_OPENERS).lower()
     return word in ABBREVIATIONS or (next_char.isdigit() and word in NUMBER_ABBREVIATIONS)
 
 
@@ -66,23 +106,28 @@ def prose_sentences(text: str) -> list[str]:
 
     A sentence ends at ``.``, ``!`` or ``?`` (possibly repeated, possibly followed by closing
     quotes or brackets) followed by whitespace and then a capital letter or a digit (possibly
-    after an opening quote or bracket). A period does not end a sentence after an abbreviation
-    (:data:`ABBREVIATIONS`: ``e.g.``, ``i.e.``, ``et al.``, ``vs.``, ...), after ``Fig.``, ``Eq.``,
-    ``Sec.``, ``No.``, ... before a number (:data:`NUMBER_ABBREVIATIONS`). A single letter is not
-    an abbreviation: in scientific prose it is mostly a variable that ends a sentence (``a graph
-    G. We show``), so a name's initials split (``J. Smith``). Decimals (``3.5``) and inner periods
-    (``arXiv.org``) have no whitespace after them, so they never split. LaTeX and everything else
-    is kept as written."""
+    after one opening quote or bracket: ``"``, ``'``, ``(``, ``[``, ``{``, ``¿``, ``¡``, ``«``,
+    ``“``, ``‘``). It always ends at a full-width ``。``, ``！`` or ``？`` (possibly among other
+    terminators, possibly followed by closing quotes or brackets such as ``」``, ``』``, ``”``,
+    ``’``, ``）``), whatever follows, with or without whitespace: Chinese and Japanese text. A
+    period does not end a sentence after an abbreviation (:data:`ABBREVIATIONS`: ``e.g.``,
+    ``i.e.``, ``et al.``, ``vs.``, ...), after ``Fig.``, ``Eq.``, ``Sec.``, ``No.``, ... before a
+    number (:data:`NUMBER_ABBREVIATIONS`). A single letter is not an abbreviation: in scientific
+    prose it is mostly a variable that ends a sentence (``a graph G. We show``), so a name's
+    initials split (``J. Smith``). Decimals (``3.5``) and inner periods (``arXiv.org``) have no
+    whitespace after them, so they never split. LaTeX and everything else is kept as written
+    (no Unicode normalization either). Linear time, long runs of punctuation included."""
     flat = " ".join(text.split())
     out: list[str] = []
     start = 0
     for m in _PROSE_END.finditer(flat):
         s, e = m.span()
-        nxt = flat[e + 1] if flat[e] in _OPENERS else flat[e]
-        if not (nxt.isupper() or nxt.isdigit()):
-            continue
-        if flat[s] == "." and _abbreviation_before(flat, s, nxt):
-            continue
+        if m.group("wide") is None:
+            nxt = flat[e + 1] if flat[e] in _OPENERS else flat[e]
+            if not (nxt.isupper() or nxt.isdigit()):
+                continue
+            if flat[s] == "." and _abbreviation_before(flat, s, nxt):
+                continue
         out.append(flat[start:e].rstrip())
         start = e
     if start < len(flat):

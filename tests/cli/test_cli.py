@@ -210,3 +210,13 @@ def test_log_private_stats_flag_logs_the_unnoised_loss_and_says_so(tmp_path, cap
         assert "data.max_examples_per_user = 4" in summary["guarantee"]  # epsilon is about the filtered data (example level)
     assert "loss" not in rows["quiet"] and rows["quiet"]["noised_update_norm"] > 0
     assert rows["logged"]["loss"] > 0 and rows["logged"]["epsilon"] == rows["quiet"]["epsilon"]
+
+
+def test_inspect_prints_data_as_text_not_markup(tmp_path, capsys):
+    """A note naming '[deleted]' (and a file name in brackets) is printed as written: rich markup
+    would drop the bracketed word."""
+    p = tmp_path / "[reddit].jsonl"
+    p.write_text("".join(json.dumps({"author": a, "body": "good coffee"}) + "\n" for a in ["[deleted]", "ada", "[deleted]"]), encoding="utf-8")
+    assert main(["data", "inspect", str(p), "-o", "user_column=author", "-o", "text_column=body"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "'[deleted]' (2)" in out and "[reddit].jsonl (text)" in out

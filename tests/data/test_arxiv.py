@@ -114,8 +114,13 @@ def test_gzip_names_that_are_refused(tmp_path):
         p = _write(tmp_path / name, b"x\n", True)
         with pytest.raises(SourceError, match="gzip is read for JSON Lines, CSV and TSV tables"):
             guess_format(p)
-    with pytest.raises(SourceError, match="a gzipped Parquet file is not read"):
+    with pytest.raises(SourceError, match="a compressed Parquet file is not read"):
         load_table(_write(tmp_path / "a.parquet.gz", b"x", True))
+    for name, what in (("a.jsonl.zst", "zst files are not read"), ("a.zip", "zip files are not read"), ("a.txt.xz", "xz is read for JSON Lines")):
+        p = tmp_path / name
+        p.write_bytes(b"x")
+        with pytest.raises(SourceError, match=what):
+            guess_format(p)
 
 
 def test_format_as_an_option():

@@ -174,3 +174,16 @@ def test_missing_or_unsaved_folder_is_a_source_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="save_to_disk"):
         load_hf_dataset(tmp_path / "empty", user_column="u")
+
+
+def test_user_ids_follow_the_table_rules(tmp_path, rows):
+    """Ids that differ only in whitespace are one user (as in a table), placeholders are skipped."""
+    ids = ["alice", "alice ", "[deleted]", "bob", " bob", "alice"]
+    table = [{"user_id": u, "text": r["text"]} for u, r in zip(ids, rows)]
+    ds = datasets.Dataset.from_list(table)
+    hf = load_hf_dataset(ds)
+    jl = load_table(write_jsonl(tmp_path / "t.jsonl", table))
+    assert hf.user_ids == jl.user_ids == ("alice", "bob")
+    assert sorted(e.text for e in hf.examples("alice")) == sorted(e.text for e in jl.examples("alice"))
+    assert len(hf.examples("bob")) == 2
+    assert any("placeholder user id" in n for n in hf.notes)

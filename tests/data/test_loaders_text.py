@@ -7,7 +7,7 @@ import pytest
 
 from fedpriv.data.shakespeare import bundled_path, iter_turns, load_shakespeare
 from fedpriv.data.stackexchange import iter_posts, load_stackexchange
-from fedpriv.data.tokenize import normalize, split_sentences, strip_html
+from fedpriv.data.tokenize import normalize, prose_sentences, split_sentences, strip_html, tokenize
 from fedpriv.errors import DataFormatError, SourceError
 
 
@@ -23,6 +23,100 @@ def test_split_sentences_and_strip_html():
     text = strip_html("<p>Use &lt;b&gt; tags</p><pre><code>x = 1</code></pre><p>Done</p>", skip=frozenset({"pre"}))
     assert "x = 1" not in text
     assert split_sentences(text) == ["Use <b> tags", "Done"]
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [  # ASCII and precomposed Latin text: exactly the output it had before marks joined words
+        ("It\u2019s the U.S.A.'s e-mail\u2014x_y... \"Quoted\" (paren) [b] {c} 3.5% #1 @home",
+         "it's the u . s . a . ' s e-mail \u2014 x _ y . . . \" quoted \" ( paren ) [ b ] { c } 3 . 5 % # 1 @ home"),
+        ("\u00dcn\u00efc\u00f6d\u00e9 Stra\u00dfe na\u00efve fa\u00e7ade \u2014 \u00c9LAN", "\u00fcn\u00efc\u00f6d\u00e9 stra\u00dfe na\u00efve fa\u00e7ade \u2014 \u00e9lan"),
+        ("rock-'n'-roll o'clock -x- 'q' --", "rock - ' n ' - roll o'clock - x - ' q ' - -"),
+        ("Tabs\tand\nnewlines  ", "tabs and newlines"),
+        ("<p>x</p> a<b &amp; \u00a92024 \u00bd \u00b2 \u2153 \u0663", "< p > x < / p > a < b & amp ; \u00a9 2024 \u00bd \u00b2 \u2153 \u0663"),
+    ],
+)
+def test_normalize_keeps_ascii_and_latin_output(text, want):
+    assert normalize(text) == want
+
+
+def test_combining_marks_continue_words():
+    # Devanagari vowel signs (Mc) and virama (Mn) stay inside the word
+    assert tokenize("\u0939\u093f\u0928\u094d\u0926\u0940 \u092d\u093e\u0937\u093e") == ["\u0939\u093f\u0928\u094d\u0926\u0940", "\u092d\u093e\u0937\u093e"]
+    assert normalize("\u0939\u093f\u0928\u094d\u0926\u0940 \u092d\u093e\u0937\u093e.") == "\u0939\u093f\u0928\u094d\u0926\u0940 \u092d\u093e\u0937\u093e ."
+    # Arabic with harakat and shadda: one word
+    muhammad = "\u0645\u064f\u062d\u064e\u0645\u064e\u0651\u062f"
+    assert tokenize(muhammad) == [muhammad]
+    assert normalize(f"\u0642\u0627\u0644 {muhammad}\u060c") == f"\u0642\u0627\u0644 {muhammad} \u060c"
+    # after inner apostrophes and hyphens too
+    assert tokenize("\u0939\u093f\u0928\u094d\u0926\u0940-\u092d\u093e\u0937\u093e") == ["\u0939\u093f\u0928\u094d\u0926\u0940-\u092d\u093e\u0937\u093e"]
+    assert tokenize("l'\u00e9te\u0301") == ["l'\u00e9t\u00e9"]
+    # a mark with no word before it is its own token, as before
+    assert tokenize("\u0301a \u0301") == ["\u0301", "a", "\u0301"]
+    assert tokenize("x'\u0301") == ["x", "'", "\u0301"]
+
+
+def test_nfd_and_nfc_give_the_same_tokens():
+    nfc, nfd = "Caf\u00e9 cr\u00e8me", "Cafe\u0301 cre\u0300me"
+    assert normalize(nfd) == normalize(nfc) == "caf\u00e9 cr\u00e8me"  # precomposed in the output
+    assert tokenize("NA\u0303O") == ["n\u00e3o"]
+
+
+def test_turkish_dotted_capital_i_is_one_word():
+    # "İ".lower() is "i" + U+0307 COMBINING DOT ABOVE: the mark stays in the word
+    assert normalize("\u0130stanbul") == "i\u0307stanbul"
+    assert tokenize("\u0130STANBUL'da \u0131s\u0131k") == ["i\u0307stanbul'da", "\u0131s\u0131k"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["\u0939\u093f\u0928\u094d\u0926\u0940 \u092d\u093e\u0937\u093e", "Cafe\u0301 \u0130stanbul", " \u0301\u0316 x\u0300\u0301 =\u0338 \u05e9\u05c1\u05b8", "\u0645\u064f\u062d\u064e\u0645\u064e\u0651\u062f!"],
+)
+def test_normalize_is_idempotent_on_marked_text(text):
+    once = normalize(text)
+    assert normalize(once) == once
+
+
+def test_prose_sentences_split_cjk_without_whitespace():
+    text = "\u4eca\u5929\u5929\u6c14\u5f88\u597d\u3002\u6211\u4eec\u53bb\u516c\u56ed\u5427\uff01\u4f60\u6765\u5417\uff1f\u300c\u597d\u7684\u3002\u300d\u4ed6\u8bf4\u3002"
+    assert prose_sentences(text) == [
+        "\u4eca\u5929\u5929\u6c14\u5f88\u597d\u3002",
+        "\u6211\u4eec\u53bb\u516c\u56ed\u5427\uff01",
+        "\u4f60\u6765\u5417\uff1f",
+        "\u300c\u597d\u7684\u3002\u300d",
+        "\u4ed6\u8bf4\u3002",
+    ]
+    # Japanese, with whitespace or a closing bracket after the terminator, and Latin text after it
+    assert prose_sentences("\u3053\u308c\u306f\u30da\u30f3\u3067\u3059\u3002 \u305d\u308c\u306f\u672c\u3067\u3059\uff08\u4f8b\uff09\uff01\uff1f\uff09 ok\u3002") == [
+        "\u3053\u308c\u306f\u30da\u30f3\u3067\u3059\u3002",
+        "\u305d\u308c\u306f\u672c\u3067\u3059\uff08\u4f8b\uff09\uff01\uff1f\uff09",
+        "ok\u3002",
+    ]
+
+
+def test_prose_sentences_openers_before_the_capital():
+    assert prose_sentences("Hola. \u00bfQu\u00e9 tal? \u00a1Muy bien! Gracias.") == ["Hola.", "\u00bfQu\u00e9 tal?", "\u00a1Muy bien!", "Gracias."]
+    assert prose_sentences("Fin. \u00abBonjour\u00bb dit-il. \u201cWhy\u201d nobody knew. \u2018Fine\u2019 then.") == [
+        "Fin.", "\u00abBonjour\u00bb dit-il.", "\u201cWhy\u201d nobody knew.", "\u2018Fine\u2019 then."
+    ]
+    # a lowercase letter after the opener, or an abbreviation before it, still does not split
+    assert prose_sentences("uno. \u00bfqu\u00e9? dos, e.g. \u201cBERT\u201d.") == ["uno. \u00bfqu\u00e9? dos, e.g. \u201cBERT\u201d."]
+
+
+def test_long_punctuation_runs_split_correctly():
+    dots = "Loading" + "." * 40000 + " done"
+    assert prose_sentences(dots) == [dots]
+    assert prose_sentences(dots + ". Next") == [dots + ".", "Next"]
+    assert split_sentences(dots) == ["Loading" + "." * 40000, "done"]
+    bangs = "!" * 40000 + ")" * 40000
+    assert prose_sentences(bangs) == [bangs]
+    assert prose_sentences(f"Wait{bangs} Next one.") == [f"Wait{bangs}", "Next one."]
+    assert prose_sentences(f"Wait{bangs} next one.") == [f"Wait{bangs} next one."]
+    assert split_sentences(f"Wait{bangs} x") == [f"Wait{bangs} x"]  # two closers: no end, as before
+    assert split_sentences("?" * 40000 + ") Yes") == ["?" * 40000 + ")", "Yes"]
+    wide = "\uff1f" * 40000 + "\u4e0b\u4e00\u53e5\u3002"
+    assert prose_sentences(wide) == ["\uff1f" * 40000, "\u4e0b\u4e00\u53e5\u3002"]
+    assert prose_sentences("." * 40000 + "\u3002x") == ["." * 40000 + "\u3002", "x"]
 
 
 def test_bundled_shakespeare_users_are_speakers():

@@ -232,12 +232,13 @@ def test_jsonl_invalid_utf8_names_the_line(tmp_path):
     assert e.value.where == 4
 
 
-def test_jsonl_array_file_gets_a_hint(tmp_path):
+@pytest.mark.parametrize("content", ['[\n{"user_id": "u", "text": "x"}\n]\n', '\n  [{"user_id": "u", "text": "x"}, {"user_id": "v", "text": "y"}]\n'])
+def test_jsonl_array_file_gets_a_hint(tmp_path, content):
     p = tmp_path / "arr.json"
-    p.write_text('[\n{"user_id": "u", "text": "x"}\n]\n', encoding="utf-8")
+    p.write_text(content, encoding="utf-8")  # pretty-printed, or on one line (parsed whole before: now refused at once)
     with pytest.raises(DataFormatError, match="JSON array is not supported") as e:
         load_table(p)
-    assert e.value.where == 1
+    assert e.value.where == content.count("\n", 0, content.index("[")) + 1
 
 
 def test_jsonl_utf8_bom_is_accepted(tmp_path):

@@ -1,0 +1,233 @@
+"""load_table on the quirks of corpora researchers bring: placeholder and mangled user ids, ids
+that differ only in whitespace, Unicode form or case, stray quotes in TSV, long fields, bzip2/xz
+files, JSON arrays and pretty-printed objects, nested fields, duplicate keys, millisecond
+timestamps, and a spill path that holds another file."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import json
+import lzma
+import sqlite3
+import unicodedata
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from fedpriv.data.sources import guess_format, open_corpus
+from fedpriv.data.tabular import PLACEHOLDER_USER_IDS, load_table
+from fedpriv.errors import DataFormatError, FedprivError, SourceError
+
+# Real sentences (tests/data/wnut17 would do as well): the quirks are in the files, not the text.
+SENTENCES = [
+    "The patients were treated with ampicillin.",
+    "No mutation was found in the second family.",
+    "Coffee beans lose their aroma within weeks.",
+    "A burr grinder gives a more even grind.",
+    "We thank the reviewers for their comments.",
+]
+
+
+def jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def notes(corpus) -> str:  # noqa: ANN001
+    return " | ".join(corpus.notes)
+
+
+def test_placeholder_user_ids_are_skipped_and_counted(tmp_path):
+    ids = ["[deleted]", "ada", "[DELETED]", "NULL", "\\N", "bob", "nan", "[removed]"]
+    p = jsonl(tmp_path / "reddit.jsonl", [{"author": u, "body": s} for u, s in zip(ids, SENTENCES * 2)])
+    c = load_table(p, user_column="author", text_column="body")
+    assert c.user_ids == ("ada", "bob")
+    assert "6 rows of reddit.jsonl have a placeholder user id and were skipped" in notes(c)
+    assert "'[deleted]' (1), '[DELETED]' (1)" in notes(c)
+    kept = load_table(p, user_column="author", text_column="body", placeholder_users="keep")
+    assert len(kept.user_ids) == 8  # each spelling one user, as written
+    assert {u.casefold() for u in PLACEHOLDER_USER_IDS} == PLACEHOLDER_USER_IDS
+    with pytest.raises(SourceError, match="placeholder_users must be one of"):
+        load_table(p, user_column="author", text_column="body", placeholder_users="drop")
+
+
+def test_ids_differing_in_whitespace_or_unicode_form_are_one_user(tmp_path):
+    nfd = unicodedata.normalize("NFD", "alíce")
+    assert nfd != "alíce"
+    rows = [{"user_id": u, "text": s} for u, s in zip(["alíce", nfd, " alíce", "alíce\t", "bob"], SENTENCES)]
+    c = load_table(jsonl(tmp_path / "ws.jsonl", rows))
+    assert c.user_ids == ("alíce", "bob")
+    assert len(c.examples("alíce")) == 4
+    assert "3 rows of ws.jsonl have a user id with surrounding whitespace or in another Unicode form" in notes(c)
+
+
+def test_ids_differing_in_case_are_counted_without_naming_them_and_folded_on_request(tmp_path):
+    rows = [{"user_id": u, "text": s} for u, s in zip(["Jiaxin Guo", "Jiaxin GUO", "Daniel Geißler", "Daniel Geissler", "bob"], SENTENCES)]
+    p = jsonl(tmp_path / "case.jsonl", rows)
+    c = load_table(p)
+    assert len(c.user_ids) == 5
+    note = notes(c)
+    assert "2 groups of user ids of case.jsonl (4 ids) differ only in letter case" in note
+    assert "Guo" not in note and "Geiss" not in note  # the ids are private users' names
+    folded = load_table(p, user_id_case="fold")
+    assert folded.user_ids == ("bob", "daniel geissler", "jiaxin guo")
+    assert "letter case" not in notes(folded)
+
+
+@pytest.mark.parametrize(
+    ("uid", "why"),
+    [("1.23457E+18", "scientific notation: a spreadsheet rounded it"), ("7.0", "an integer written as a float"), ("-2e3", "scientific notation")],
+)
+def test_ids_mangled_by_spreadsheets_are_refused_with_the_line(tmp_path, uid, why):
+    p = tmp_path / "t.csv"
+    p.write_text(f"user_id,text\nada,{SENTENCES[0]}\n{uid},{SENTENCES[1]}\n", encoding="utf-8")
+    with pytest.raises(DataFormatError, match=why) as e:
+        load_table(p)
+    assert e.value.where == 3
+
+
+def test_tsv_stray_quote_joining_rows_is_refused_and_quoting_none_reads_it(tmp_path):
+    p = tmp_path / "tweets.tsv"
+    p.write_text('user_id\ttext\nu1\t"hello there\nu2\tsecret message of u2"\nu3\tok text\n', encoding="utf-8")
+    with pytest.raises(DataFormatError, match="runs over 1 line break.* a stray quote") as e:
+        load_table(p)
+    assert e.value.where == 2
+    c = load_table(p, quoting="none")
+    assert c.user_ids == ("u1", "u2", "u3")
+    assert c.examples("u1")[0].text == '" hello there'
+    with pytest.raises(SourceError, match="quoting='none' is for CSV and TSV"):
+        load_table(jsonl(tmp_path / "a.jsonl", [{"user_id": "a", "text": "x"}]), quoting="none")
+
+
+def test_csv_records_over_several_lines_are_counted(tmp_path):
+    p = tmp_path / "posts.csv"
+    p.write_text(f'user_id,text\nada,"{SENTENCES[0]}\n\n{SENTENCES[1]}"\nbob,{SENTENCES[2]}\nbob,"{SENTENCES[3]}\nx"\n', encoding="utf-8")
+    c = load_table(p)
+    assert c.user_ids == ("ada", "bob")
+    assert "2 records of posts.csv span several lines" in notes(c) and "the first starts at line 2" in notes(c)
+
+
+def test_a_long_field_is_a_field(tmp_path):
+    long_text = " ".join(SENTENCES * 6000)  # about 240 KB, over the csv module's default limit
+    for name, sep in (("t.csv", ","), ("t.tsv", "\t")):
+        p = tmp_path / name
+        p.write_text(f"user_id{sep}text\nada{sep}{long_text}\n", encoding="utf-8")
+        assert len(load_table(p).examples("ada")[0].text) > 200_000
+
+
+@pytest.mark.parametrize(("suffix", "compress"), [(".bz2", bz2.compress), (".xz", lzma.compress)])
+def test_bzip2_and_xz_stream_like_the_plain_file(tmp_path, suffix, compress):
+    rows = [{"user_id": u, "text": s} for u, s in zip(["ada", "bob", "ada"], SENTENCES)]
+    plain = load_table(jsonl(tmp_path / "a.jsonl", rows))
+    data = (tmp_path / "a.jsonl").read_bytes()
+    packed = tmp_path / f"a.jsonl{suffix}"
+    packed.write_bytes(compress(data))
+    c = load_table(packed)
+    assert c.user_ids == plain.user_ids and c.examples("ada") == plain.examples("ada")
+    misnamed = tmp_path / f"b{suffix}.jsonl"  # known by its magic bytes, whatever its name
+    misnamed.write_bytes(compress(data))
+    assert load_table(misnamed).examples("bob") == plain.examples("bob")
+    cut = tmp_path / f"cut.jsonl{suffix}"
+    whole = compress(data * 200)
+    cut.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(DataFormatError, match=r"cut\.jsonl\.\w+:\d+: the (bzip2|xz) data is corrupt or truncated"):
+        load_table(cut)
+    assert guess_format(tmp_path / f"a.csv{suffix}") == "csv"
+
+
+def test_zstd_and_zip_content_is_refused_with_how_to_read_it(tmp_path):
+    for magic, what in ((b"\x28\xb5\x2f\xfd" + b"\x00" * 8, "zstd-compressed"), (b"PK\x03\x04" + b"\x00" * 8, "zip-compressed")):
+        p = tmp_path / "data.jsonl"
+        p.write_bytes(magic)
+        with pytest.raises(SourceError, match=what):
+            load_table(p)
+
+
+def test_ndjson_and_a_tsv_table_without_user_id_header_are_recognized(tmp_path):
+    p = jsonl(tmp_path / "r.ndjson", [{"user_id": "ada", "text": SENTENCES[0]}])
+    assert open_corpus(str(p)).user_ids == ("ada",)
+    t = tmp_path / "posts.tsv"
+    t.write_text(f"author\tbody\nada\t{SENTENCES[0]}\nbob\t{SENTENCES[1]}\n", encoding="utf-8")
+    assert guess_format(t) == "conll"  # by its name and header alone
+    assert open_corpus(str(t), user_column="author", text_column="body").user_ids == ("ada", "bob")
+
+
+def test_pretty_printed_objects_get_a_hint(tmp_path):
+    p = tmp_path / "pretty.jsonl"
+    p.write_text('{\n  "user_id": "ada",\n  "text": "x"\n}\n', encoding="utf-8")
+    with pytest.raises(DataFormatError, match="an object spread over several lines") as e:
+        load_table(p)
+    assert e.value.where == 1
+
+
+def test_classic_mac_line_ends_get_a_hint(tmp_path):
+    p = tmp_path / "mac.csv"
+    p.write_bytes(f"user_id,text\rada,{SENTENCES[0]}\rbob,{SENTENCES[1]}\r".encode())
+    with pytest.raises(DataFormatError, match="classic Mac line ends"):
+        load_table(p)
+
+
+def test_parquet_with_a_used_column_twice_is_a_data_error(tmp_path):
+    p = tmp_path / "dup.parquet"
+    table = pa.Table.from_arrays([pa.array(["ada"]), pa.array([SENTENCES[0]]), pa.array(["y"])], names=["user_id", "text", "text"])
+    pq.write_table(table, p)
+    with pytest.raises(DataFormatError, match=r"column\(s\) \['text'\] appear more than once in the schema"):
+        load_table(p)
+
+
+def test_millisecond_timestamps_are_refused(tmp_path):
+    p = jsonl(tmp_path / "ms.jsonl", [{"user_id": "ada", "text": SENTENCES[0], "ts": 1_600_000_000_000}])
+    with pytest.raises(DataFormatError, match="after the year 3000: milliseconds since the epoch"):
+        load_table(p, timestamp_column="ts")
+    old = jsonl(tmp_path / "old.jsonl", [{"user_id": "ada", "text": SENTENCES[0], "ts": -1_000_000_000}])  # 1938: allowed
+    assert load_table(old, timestamp_column="ts").examples("ada")[0].timestamp == -1e9
+
+
+def test_nested_fields_by_dotted_name_and_missing_columns_list_the_keys(tmp_path):
+    rows = [{"user": {"screen_name": u, "id": i}, "text": s} for i, (u, s) in enumerate(zip(["ada", "bob", "ada"], SENTENCES))]
+    p = jsonl(tmp_path / "tweets.jsonl", rows)
+    assert load_table(p, user_column="user.screen_name").user_ids == ("ada", "bob")
+    with pytest.raises(DataFormatError, match=r"missing column 'user.name'; the row has 'user', 'text'"):
+        load_table(p, user_column="user.name")
+    dotted = jsonl(tmp_path / "dotted.jsonl", [{"user.screen_name": "flat", "user": {"screen_name": "nested"}, "text": "x"}])
+    assert load_table(dotted, user_column="user.screen_name").user_ids == ("flat",)  # a column of that name comes first
+
+
+def test_a_used_key_twice_in_one_object_is_refused(tmp_path):
+    p = tmp_path / "dup.jsonl"
+    p.write_text(
+        json.dumps({"user_id": "ada", "text": 'she wrote "user_id" twice'}) + "\n"  # the key's text inside a value is fine
+        + json.dumps({"user_id": "ada", "meta": {"user_id": "x"}, "text": "nested keys are other objects"}) + "\n"
+        + '{"user_id": "ada", "user_id": "bob", "text": "which user?"}\n',
+        encoding="utf-8",
+    )
+    with pytest.raises(DataFormatError, match="the key 'user_id' appears twice in the object") as e:
+        load_table(p)
+    assert e.value.where == 3
+
+
+def test_spill_refuses_to_replace_a_file_that_is_no_corpus_store(tmp_path):
+    src = jsonl(tmp_path / "a.jsonl", [{"user_id": "ada", "text": SENTENCES[0]}])
+    precious = tmp_path / "notes.txt"
+    precious.write_text("precious notes\n")
+    with pytest.raises(FedprivError, match="a file that is not a fedpriv corpus store is there"):
+        load_table(src, spill_to=precious)
+    assert precious.read_text() == "precious notes\n"
+    other_db = tmp_path / "other.sqlite"
+    sqlite3.connect(other_db).execute("CREATE TABLE t (x)").connection.commit()
+    with pytest.raises(FedprivError, match="not a fedpriv corpus store"):
+        load_table(src, spill_to=other_db)
+    store = tmp_path / "spill.sqlite"
+    load_table(src, spill_to=store)
+    again = load_table(jsonl(tmp_path / "b.jsonl", [{"user_id": "bob", "text": SENTENCES[1]}]), spill_to=store)  # a spill replaces a spill
+    assert again.user_ids == ("bob",)
+
+
+def test_gzip_still_reads_and_names_its_lines(tmp_path):
+    p = tmp_path / "g.jsonl.gz"
+    p.write_bytes(gzip.compress(b'{"user_id": "ada", "text": "x"}\n{"user_id": null, "text": "y"}\n', mtime=0))
+    with pytest.raises(DataFormatError, match=r"g\.jsonl\.gz:2: null user id"):
+        load_table(p)
