@@ -331,6 +331,10 @@ def test_privacy_commands_refuse_delta_at_or_above_one_over_n_unless_allowed(cap
     assert note == ("--delta = 0.5 >= 1/N = 0.01 (N = 100 examples), allowed by --allow-large-delta: this guarantee does not rule out "
                     "publishing one example's data in the clear; it is no privacy guarantee for any one example")
     assert main([*args, "--delta", "0.009"]) == 0
+    for event in ("dpfedavg-fixed", "dpfedavg-poisson", "blt-fedavg"):  # N counts users for DP-FedAvg, whatever --unit says
+        fed = ["privacy", "epsilon", "-e", event, "-z", "1", "-N", "100", "-B", "5", "--steps", "5", "--delta", "0.01"]
+        assert main(fed) == 2
+        assert "for N = 100 users: publishing one user's data" in _one_line_error(capsys)
 
 
 # ---- 9. non-finite parameters --------------------------------------------------------------------

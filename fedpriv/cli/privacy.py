@@ -65,6 +65,13 @@ _CORRELATED_EVENTS = {
     Event.blt_fedavg: ("blt", "user"),
 }
 
+def _population_unit(event: Event, unit: str) -> str:
+    """What N counts for ``event``: users for a DP-FedAvg event (any mechanism), else ``--unit``
+    (examples, or users for user-level DP-SGD)."""
+    fixed = _EVENTS.get(event) or _CORRELATED_EVENTS.get(event)
+    return "user" if fixed is not None and fixed[1] == "user" else unit
+
+
 EVENT_HELP = (
     "dpsgd-poisson: DP-SGD, Poisson sampling q=B/N, add-or-remove-one example; "
     "dpsgd-fixed: DP-SGD, fixed batches of B without replacement, replace-one example (RDP only); "
@@ -321,7 +328,7 @@ def epsilon_cmd(
                    "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
     if (delta is None) == (epsilon is None):
         raise PrivacyParameterError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
-    note = _delta_vs_population(delta, population, (unit if _CORRELATED_EVENTS[event][1] == "example" else "user") if event in _CORRELATED_EVENTS else unit, allow_large_delta)
+    note = _delta_vs_population(delta, population, _population_unit(event, unit), allow_large_delta)
     ev = _event(event, noise_multiplier, population, batch, steps, shards, micro_steps, unit, mf)
     answers = []
     for acc in _accountants(ev, accountant):
@@ -356,7 +363,7 @@ def calibrate_cmd(
     mf = _MF(bands, buffers, max_participations, min_separation, sampling, groups, coefficients)
     check_options({"--target-epsilon": target_epsilon, "--delta": delta, "--population": population, "--batch": batch, "--steps": steps,
                    "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
-    note = _delta_vs_population(delta, population, (unit if _CORRELATED_EVENTS[event][1] == "example" else "user") if event in _CORRELATED_EVENTS else unit, allow_large_delta)
+    note = _delta_vs_population(delta, population, _population_unit(event, unit), allow_large_delta)
     if accountant is Accountant.all:
         raise PrivacyParameterError("--accountant: calibrate against one accountant, rdp or pld")
     template = _event(event, 1.0, population, batch, steps, shards, micro_steps, unit, mf)

@@ -158,9 +158,9 @@ def train_summary(prepared: Prepared, kind: str, run_dir: str | os.PathLike[str]
     rs = run_summary(c.name, kind, c, run_dir, engine=engine)
     out: dict[str, Any] = {**prepared.summary(), "run_dir": str(run_dir)}
     if kind == "central":
-        out["steps"] = rs["steps"]
+        out["steps"] = result.done  # the steps trained so far (train rows are logged only every log_every)
     else:
-        out.update(engine=rs["engine"], strategy=c.federated.strategy, rounds=rs["rounds"])
+        out.update(engine=rs["engine"], strategy=c.federated.strategy, rounds=result.done)
     out.update({f"final_{k[len('eval_'):]}": v for k, v in rs.items() if k.startswith("eval_") and k not in ("eval_split", "eval_source")})
     out.update({k: rs[k] for k in ("epsilon", "delta", "guarantee", "epsilon_spent", "promised_steps", "client_epsilon", "client_delta", "client_guarantee") if k in rs})
     if result.stopped:

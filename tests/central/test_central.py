@@ -138,3 +138,22 @@ def test_killed_cli_run_resumes_to_the_same_result(tmp_path, capsys):
     assert json.loads(again.stdout)["final_perplexity"] == json.loads(full)["final_perplexity"]
     assert (run / "metrics.jsonl").read_text() == (tmp_path / "full" / "metrics.jsonl").read_text()
     assert (run / "params.msgpack").read_bytes() == (tmp_path / "full" / "params.msgpack").read_bytes()
+
+
+def test_a_stopped_run_summary_counts_the_steps_trained(tmp_path, capsys):
+    """`--stop-after 3` with train rows logged at evaluations every 10 steps: the summary says 3 (it said 0, from
+    the last train row), and the resumed run's says all of them."""
+    from fedpriv.cli import main
+
+    config = tmp_path / "exp.toml"
+    config.write_text(
+        'name = "stopped"\nseed = 3\n[data]\nsource = "shakespeare"\nmin_examples = 40\n'
+        '[vocab]\nsize = 200\nseq_len = 8\n[task]\nkind = "nwp"\nmodel = "tiny"\n'
+        '[training]\nbatch_size = 8\nsteps = 5\neval_every = 10\ncheckpoint_every = 1\n'
+    )
+    out = ["--out", str(tmp_path / "run"), "--json"]
+    assert main(["train", "central", str(config), "--stop-after", "3", *out]) == 0
+    first = json.loads(capsys.readouterr().out)
+    assert first["steps"] == 3
+    assert main(["train", "central", str(config), *out]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == 5
