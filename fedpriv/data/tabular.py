@@ -233,6 +233,7 @@ class RowConverter:
         self.skipped_placeholder: Counter[str] = Counter()
         #: the top-level JSON keys the columns read (a duplicate of one is an error)
         self.keys = frozenset(c.split(".", 1)[0] for c in self.columns) | frozenset(self.columns)
+        self._quoted_keys = tuple(f'"{k}"' for k in self.keys)  # as a key is written in a JSON line
         #: where each user id was first seen, by the type it had there (an integer or a string):
         #: 1 and "1" print the same and would merge two users into one
         self._first_seen: dict[bool, dict[str, int | str | None]] = {True: {}, False: {}}
@@ -500,7 +501,7 @@ def _json_hint(line: str, first: bool) -> str:
 def _duplicate_key(conv: RowConverter, line: str) -> str | None:
     """A key the columns read that appears twice in the line's object (JSON would keep the last);
     the line is parsed again only when such a key's text appears twice."""
-    if not any(line.count(f'"{k}"') > 1 for k in conv.keys):
+    if not any(line.count(k) > 1 for k in conv._quoted_keys):
         return None
     dup: list[str] = []
 
