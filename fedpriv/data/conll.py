@@ -8,6 +8,14 @@ is the last other column whose every value is a tag. Tags are ``O`` or ``<P>-<ty
 I, E, S, L, U (BIO/IOB2, IOBES, BILOU). A first line that is not a token line but a header
 (``token<TAB>tag``) is skipped and said in the notes.
 
+Left out, the tag is the last column when at least 80% of its sampled values are tags (its other
+values are then errors naming their lines), and a note names other columns that hold tags too
+(CoNLL-2003's chunk column). Detection reads the sampled lines of the usual number of columns;
+when at least 90% of them have it, a line with another number is an error naming it (a space inside a token would shift the columns).
+Columns are separated by tabs, or on a line without a tab by ASCII spaces (a no-break space is
+part of a token). I- tags that begin an entity (IOB1 files, or slips) are counted in a note and
+kept, or read as B- with ``iob="iob2"`` (as conlleval and seqeval count them).
+
 Skipped lines: comments (a line starting with ``#`` that does not read as a token line, e.g.
 ``# text = ...``), CoNLL-U multiword-token ranges (``3-4``) and empty nodes (``3.1``).
 
@@ -60,10 +68,17 @@ def column_name(j: int) -> str:
     return "the last column" if j == -1 else f"column {j}"
 
 
+_ASCII_SPACE = re.compile(r"[ \t\n\r\f\v]+")
+_ASCII_WHITESPACE = " \t\n\r\f\v"
+
+
 def _columns(line: str) -> list[str]:
-    """A line's columns: tab-separated when it has a tab (empty columns kept), else whitespace-separated."""
-    line = line.rstrip()
-    return [c.strip() for c in line.split("\t")] if "\t" in line else line.split()
+    """A line's columns: tab-separated when it has a tab (empty columns kept), else separated by
+    ASCII spaces (a no-break or other Unicode space is part of a token, as in ``10\u00a0000``)."""
+    line = line.rstrip(_ASCII_WHITESPACE)
+    if "\t" in line:
+        return [c.strip(_ASCII_WHITESPACE) for c in line.split("\t")]
+    return [c for c in _ASCII_SPACE.split(line) if c]
 
 
 @dataclass
@@ -72,13 +87,17 @@ class Layout:
 
     token: int
     tag: int
-    detected: bool
+    detected: bool  # the token column was detected (not given)
     width: int = 0  # columns of a typical token line (a '#' line of another width is a comment)
     indexed: bool = False  # column 0 numbers the tokens (CoNLL-U)
     header_line: int | None = None
+    tag_detected: bool = True
+    uniform: bool = False  # every sampled token line has `width` columns: a line of another width is an error
+    other_tag_columns: tuple[int, ...] = ()  # other columns that hold tags too (CoNLL-2003's chunk column)
 
     def describe(self) -> str:
-        return f"token in {column_name(self.token)}, tag in {column_name(self.tag)}" + (", as detected" if self.detected else "")
+        which = {(True, True): ", both detected", (True, False): ", the token's detected", (False, True): ", the tag's detected"}
+        return f"token in {column_name(self.token)}, tag in {column_name(self.tag)}" + which.get((self.detected, self.tag_detected), "")
 
 
 def _decode(path: Path, n: int, raw: bytes) -> str:
@@ -105,6 +124,20 @@ def _tag_columns(sample: list[tuple[int, list[str]]], token: int) -> list[int]:
     return [j for j in range(width) if j != token and all(_TAG.match(c[j]) for _, c in sample if len(c) > j)]
 
 
+#: A last column whose sampled values are at least this share tags is the tag column (CoNLL puts
+#: the tag last): its few other values are errors to report by line, not a reason to take another
+#: column of tags (CoNLL-2003's chunk column) in its place.
+MOSTLY_TAGS = 0.8
+#: When at least this share of the sampled token lines have the usual number of columns, a line with
+#: another number is an error naming it.
+UNIFORM_SHARE = 0.9
+
+
+def _mostly_tags(sample: list[tuple[int, list[str]]], j: int) -> bool:
+    values = [c[j] for _, c in sample if len(c) > j]
+    return bool(values) and sum(1 for v in values if _TAG.match(v)) >= MOSTLY_TAGS * len(values)
+
+
 def detect_layout(path: Path, token_column: int | None = None, tag_column: int | None = None) -> Layout:
     """The token and tag columns: as given, else detected (see the module docstring)."""
     for name, value in (("token_column", token_column), ("tag_column", tag_column)):
@@ -117,18 +150,25 @@ def detect_layout(path: Path, token_column: int | None = None, tag_column: int |
     if indexed:  # multiword ranges and empty nodes carry no tag
         sample = [(n, c) for n, c in sample if not _SKIPPED_INDEX.match(c[0])]
     token = token_column if token_column is not None else (1 if indexed and width > 2 else 0)
+    # Detection reads the lines of the usual width: a stray wider line (a space inside a token)
+    # must not move the tag column; when nearly all lines have that width, another is an error.
+    main = [(n, c) for n, c in sample if len(c) == width]
+    uniform = bool(main) and len(main) >= UNIFORM_SHARE * len(sample)
     if tag_column is not None:
-        return Layout(token, tag_column, token_column is None, width, indexed and token_column is None)
+        return Layout(token, tag_column, token_column is None, width, indexed and token_column is None, tag_detected=False, uniform=uniform)
     header = None
-    found = _tag_columns(sample, token % max(width, 1))
+    found = _tag_columns(main, token % max(width, 1))
     if not found and len(sample) > 1:  # a header line (token<TAB>tag) above the tokens?
-        rest = _tag_columns(sample[1:], token % max(width, 1))
+        rest = _tag_columns([(n, c) for n, c in sample[1:] if len(c) == width], token % max(width, 1))
         first = sample[0][1]
         if rest and len(first) > rest[-1] and first[rest[-1]].lower() in _HEADER_TAGS:
             header, found = sample[0][0], rest
+    last = width - 1
+    if width > 1 and last != token % width and last not in found and _mostly_tags(main, last):
+        found.append(last)  # the tag column with a few bad values: they are reported by line
     # No column is all tags: the classic layout (tag last), so the first bad tag is reported by line.
     tag = found[-1] if found else -1
-    return Layout(token, tag, True, width, indexed and token_column is None, header)
+    return Layout(token, tag, token_column is None, width, indexed and token_column is None, header, uniform=uniform, other_tag_columns=tuple(found[:-1]))
 
 
 @dataclass
@@ -142,11 +182,31 @@ class ConllFile:
     marks_documents: bool = False
     comments: int = 0
     skipped_tokens: int = 0  # multiword ranges and empty nodes
+    iob_starts: int = 0  # I- tags that begin an entity (IOB1, or slips): B- under iob="iob2"
 
 
-def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comment_key: str | None = None) -> ConllFile:
+#: How I- tags that begin an entity are read: as written, or as B- (IOB1 or slips read as IOB2).
+IOB_MODES = ("keep", "iob2")
+
+
+def _iob_starts(tags: list[str], repair: bool) -> int:
+    """How many I- tags begin an entity (at the start, after O, or after a tag of another type);
+    with ``repair``, they become B- in place."""
+    n, prev = 0, "O"
+    for i, t in enumerate(tags):
+        if t.startswith("I-") and (prev == "O" or prev[2:] != t[2:]):
+            n += 1
+            if repair:
+                tags[i] = t = "B-" + t[2:]
+        prev = t
+    return n
+
+
+def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comment_key: str | None = None, iob: str = "keep") -> ConllFile:
     """Every sentence of a CoNLL/IOB file (see the module docstring); ``comment_key``: also record the
-    value of the last ``# KEY = VALUE`` comment before each sentence."""
+    value of the last ``# KEY = VALUE`` comment before each sentence; ``iob``: see :data:`IOB_MODES`."""
+    if iob not in IOB_MODES:
+        raise SourceError(f"iob must be one of {', '.join(repr(m) for m in IOB_MODES)}, got {iob!r}")
     path = Path(path)
     lay = layout or detect_layout(path)
     out = ConllFile()
@@ -158,6 +218,7 @@ def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comme
     def end_sentence() -> None:
         nonlocal tokens, tags, doc_has_sentences
         if tokens:
+            out.iob_starts += _iob_starts(tags, iob == "iob2")
             out.sentences.append(TaggedExample(tuple(tokens), tuple(tags)))
             out.doc_index.append(doc)
             out.comment_values.append(value)
@@ -183,6 +244,11 @@ def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comme
                 raise DataFormatError(path, n, f"expected a token number in column 0 (as on the lines before), got {line[:60]!r}")
             return False
         need = max(lay.token if lay.token >= 0 else -lay.token - 1, lay.tag if lay.tag >= 0 else -lay.tag - 1) + 1
+        if lay.uniform and len(cols) != lay.width and not line.startswith("#"):
+            raise DataFormatError(
+                path, n, f"{len(cols)} columns where the file's token lines have {lay.width} (a space inside a token? columns are "
+                f"separated by tabs, or by spaces on a line without a tab), got {line[:60]!r}"
+            )
         if len(cols) < max(need, 2):
             if strict:
                 raise DataFormatError(path, n, f"expected a token and a tag separated by tabs or spaces ({lay.describe()}), got {line[:60]!r}")
@@ -190,7 +256,9 @@ def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comme
         token, tag = cols[lay.token], cols[lay.tag]
         if not _TAG.match(tag):
             if strict:
-                hint = "; pass tag_column= to choose the column" if lay.detected else ""
+                hint = "; pass tag_column= to choose the column" if lay.tag_detected else ""
+                if len(cols) != lay.width:
+                    hint += f" (this line has {len(cols)} columns, the file's token lines {lay.width}: a space inside a token?)"
                 raise DataFormatError(path, n, f"tag {tag[:30]!r} ({column_name(lay.tag)}) is not {TAG_HELP}{hint}")
             return False
         if not token:
@@ -245,14 +313,16 @@ def load_conll(
     users: str = "auto",
     token_column: int | None = None,
     tag_column: int | None = None,
+    iob: str = "keep",
 ) -> FederatedCorpus:
-    """A CoNLL/IOB file as a FederatedCorpus of tagged sentences, users formed by ``users``."""
+    """A CoNLL/IOB file as a FederatedCorpus of tagged sentences, users formed by ``users``;
+    ``iob="iob2"`` reads I- tags that begin an entity as B- (they are counted in a note either way)."""
     path = Path(path)
     if not path.is_file():
         raise SourceError(f"{path}: no such file")
     rule = parse_users(users, "sentence", "document", comment=True)
     layout = detect_layout(path, token_column, tag_column)
-    read = read_conll(path, layout, rule.key if rule.kind == "comment" else None)
+    read = read_conll(path, layout, rule.key if rule.kind == "comment" else None, iob)
     sents = read.sentences
     if not sents:
         raise FedprivError(f"{path}: no sentences found (expected token lines: {layout.describe()})")
@@ -282,8 +352,20 @@ def load_conll(
         ids, note = synthetic_ids(rule, len(sents), "sentence", path)
         notes.append(note)
     corpus = FederatedCorpus.from_stream(zip(ids, sents), "tagged", name=f"conll:{path.name}[{users}]")
-    if layout.detected and not (layout.token == 0 and layout.tag in (-1, layout.width - 1)):
+    if (layout.detected or layout.tag_detected) and not (layout.token == 0 and layout.tag in (-1, layout.width - 1)):
         notes.append(f"{path.name}: {layout.describe()}; pass token_column= / tag_column= to choose others")
+    if layout.tag_detected and layout.other_tag_columns:
+        others = " and ".join(column_name(j) for j in layout.other_tag_columns)
+        notes.append(
+            f"{path.name}: {others} also hold{'s' if len(layout.other_tag_columns) == 1 else ''} tags (a chunk column, as in CoNLL-2003?); "
+            f"the tag is read from the last, {column_name(layout.tag)}; pass tag_column= to read another"
+        )
+    if read.iob_starts:
+        notes.append(
+            f"{path.name}: {read.iob_starts:,} I- tags begin an entity (at a sentence start, after O, or after another type): "
+            + ("read as B- (iob='iob2'), as conlleval and seqeval count them" if iob == "iob2" else
+               "kept as written; if the file is IOB1, or these are slips, pass iob='iob2' to read them as B- (conlleval and seqeval count them as entity starts)")
+        )
     if layout.header_line is not None:
         notes.append(f"{path.name}:{layout.header_line} read as a header line and skipped")
     for message in notes:

@@ -156,8 +156,8 @@ def load_hf_dataset(
             raise SourceError(f"{path}: no such dataset folder (expected a directory written by Dataset.save_to_disk)")
         try:
             ds = datasets.load_from_disk(str(path))
-        except (FileNotFoundError, ValueError, OSError) as e:
-            raise SourceError(f"{path}: not a dataset saved with save_to_disk ({e})") from None
+        except (FileNotFoundError, ValueError, OSError, KeyError, TypeError) as e:  # KeyError, TypeError: a damaged state.json
+            raise SourceError(f"{path}: not a dataset saved with save_to_disk, or a damaged one ({type(e).__name__}: {e})") from None
         label, name = str(path), path.name
     else:
         ds = dataset_or_path

@@ -423,7 +423,8 @@ def note_sentences(corpus: FederatedCorpus, conv: RowConverter) -> None:
 def decode_line(path: str | os.PathLike[str], n: int, raw: bytes) -> str:
     """Physical line ``n`` (1-based) of a text file, decoded strictly as UTF-8. A UTF-8 BOM that
     starts a line is dropped (line 1 of files Windows tools write; any line of files joined with
-    ``cat``). Invalid UTF-8 and NUL bytes (a binary file, or UTF-16 text) are errors naming the line."""
+    ``cat``). Invalid UTF-8 and NUL bytes (a binary file, or UTF-16 text) are errors naming the line,
+    and so is a file whose lines end in CR alone (it reads as one line holding carriage returns)."""
     if raw.startswith(b"\xef\xbb\xbf"):
         raw = raw[3:]
     try:
@@ -435,6 +436,9 @@ def decode_line(path: str | os.PathLike[str], n: int, raw: bytes) -> str:
     nul = text.find("\x00")
     if nul >= 0:
         raise DataFormatError(path, n, f"NUL byte at column {nul + 1}: a binary file, or UTF-16 text? (fedpriv reads UTF-8 text)")
+    if n == 1 and not raw.endswith(b"\n") and "\r" in text.rstrip("\r"):
+        # the whole file is one line with carriage returns inside: its lines end in CR alone
+        raise DataFormatError(path, n, "the file's lines end in a carriage return alone (classic Mac line ends): convert them with tr '\\r' '\\n'")
     return text
 
 

@@ -107,7 +107,7 @@ def test_conllu_like_file_with_comments_and_extra_columns(tmp_path, suffix):
     assert first.tokens[-2:] == ("tampa", "bay") and first.tags[-2:] == ("B-LOC", "I-LOC") and second.tokens == ("thanks",)
     assert c.examples("email-enronsent01_01")[0].tags[:2] == ("B-PER", "I-PER")
     assert c.info["comment_lines"] == 11 and c.info["documents"] == 3
-    assert any("token in column 1, tag in column 2, as detected" in n for n in c.notes)
+    assert any("token in column 1, tag in column 2, both detected" in n for n in c.notes)
     assert any("users are the file's 3 documents" in n for n in c.notes)
 
 
@@ -196,7 +196,7 @@ def test_mapping_file(tmp_path):
 @pytest.mark.parametrize(
     "content, line, reason",
     [
-        ("a\tO\nb\n", 2, r"expected a token and a tag separated by tabs or spaces \(token in column 0, tag in column 1, as detected\), got 'b'"),
+        ("a\tO\nb\n", 2, r"expected a token and a tag separated by tabs or spaces \(token in column 0, tag in column 1, both detected\), got 'b'"),
         ("a\tO\n\nb\tPERSON\n", 3, r"tag 'PERSON' \(the last column\) is not O or B-/I-/E-/S-/L-/U-<type>; pass tag_column="),
         ("".join(f"{i % 9 + 1}\ta\tO\n" for i in range(1001)) + "c\tO\n", 1002, r"expected a token number in column 0 \(as on the lines before\), got 'c\\tO'"),
     ],
@@ -250,3 +250,71 @@ def test_parser_raises_only_fedpriv_errors(lines, junk, rule):
         for _, exs in c.users():
             for e in exs:
                 assert len(e.tokens) == len(e.tags) > 0
+
+
+# CoNLL-2003 (token, POS, chunk, NER), the layout where a chunk column of tags sits before the NER tag.
+C03 = "-DOCSTART- -X- -X- O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\nGerman JJ B-NP B-MISC\ncall NN I-NP O\n\nPeter NNP B-NP B-PER\nBlackburn NNP I-NP I-PER\n"
+
+
+def test_a_typo_in_the_ner_column_is_an_error_not_a_switch_to_the_chunk_column(tmp_path):
+    """One bad NER tag ('0' for 'O') used to make the chunk column the only all-tags column, so every
+    sentence was silently labelled NP/VP; now the last column is the tag and the typo names its line."""
+    p = tmp_path / "c03.conll"
+    p.write_text(C03.replace("call NN I-NP O", "call NN I-NP 0"))
+    with pytest.raises(DataFormatError, match=r"c03\.conll:6: tag '0' \(column 3\) is not O") as e:
+        load_conll(p)
+    assert e.value.where == 6
+    good = tmp_path / "good.conll"
+    good.write_text(C03)
+    c = load_conll(good)
+    assert c.examples("doc-0")[0].tags == ("B-ORG", "O", "B-MISC", "O")
+    assert any("column 2 also holds tags (a chunk column, as in CoNLL-2003?); the tag is read from the last, column 3" in n for n in c.notes)
+
+
+@pytest.mark.parametrize("at", [4, 1801])  # inside the detection sample, and after it
+def test_a_line_with_an_extra_column_is_an_error_naming_it(tmp_path, at):
+    """'New York' with a space shifts the columns: the chunk tag would be read as the NER tag."""
+    lines = []
+    while len(lines) < at + 10:
+        lines += ["EU NNP B-NP B-ORG", "rejects VBZ B-VP O", ""]
+    lines[at - 1] = "New York NNP B-NP B-LOC"
+    p = tmp_path / "shifted.conll"
+    p.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFormatError, match="5 columns where the file's token lines have 4") as e:
+        load_conll(p)
+    assert e.value.where == at
+
+
+def test_a_no_break_space_is_part_of_a_token(tmp_path):
+    p = tmp_path / "nbsp.conll"
+    p.write_text("It PRP B-NP O\ncosts VBZ B-VP O\n10\u00a0000 CD B-NP B-MONEY\n")
+    (s,) = [s for _, s in iter_sentences(p)]
+    assert s.tokens == ("It", "costs", "10\u00a0000") and s.tags == ("O", "O", "B-MONEY")
+
+
+def test_iob1_entity_starts_are_noted_and_read_as_b_on_request(tmp_path):
+    p = tmp_path / "iob1.conll"
+    p.write_text("EU NNP I-NP I-ORG\nrejects VBZ I-VP O\nGerman JJ I-NP I-MISC\n\nPeter NNP I-NP I-PER\nBlackburn NNP I-NP I-PER\nand CC O O\nBonn NNP I-NP I-LOC\n")
+    kept = load_conll(p, users="sentences:1")
+    assert kept.examples(kept.user_ids[0])[0].tags == ("I-ORG", "O", "I-MISC")
+    assert any("4 I- tags begin an entity" in n and "pass iob='iob2'" in n for n in kept.notes)
+    read = load_conll(p, users="sentences:1", iob="iob2")
+    assert [read.examples(u)[0].tags for u in read.user_ids] == [("B-ORG", "O", "B-MISC"), ("B-PER", "I-PER", "O", "B-LOC")]
+    assert any("read as B- (iob='iob2')" in n for n in read.notes)
+    with pytest.raises(Exception, match="iob must be one of"):
+        load_conll(p, iob="iob1")
+
+
+def test_a_given_tag_column_is_not_called_detected(tmp_path):
+    p = tmp_path / "t.conll"
+    p.write_text("a\tO\tx\nb\n")
+    with pytest.raises(DataFormatError) as e:
+        load_conll(p, tag_column=1)
+    assert "tag in column 1, the token's detected" in str(e.value) and "pass tag_column=" not in str(e.value)
+
+
+def test_classic_mac_line_ends_are_refused(tmp_path):
+    p = tmp_path / "mac.conll"
+    p.write_bytes(b"EU\tB-ORG\rrejects\tO\r\rPeter\tB-PER\r")
+    with pytest.raises(DataFormatError, match=r"mac\.conll:1: the file's lines end in a carriage return alone"):
+        load_conll(p)

@@ -174,6 +174,11 @@ def test_missing_or_unsaved_folder_is_a_source_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(SourceError, match="save_to_disk"):
         load_hf_dataset(tmp_path / "empty", user_column="u")
+    damaged = tmp_path / "damaged"
+    datasets.Dataset.from_dict({"u": ["a"], "text": ["x"]}).save_to_disk(str(damaged))
+    (damaged / "state.json").write_text("{}")  # was: an internal KeyError
+    with pytest.raises(SourceError, match="or a damaged one"):
+        load_hf_dataset(damaged, user_column="u")
 
 
 def test_user_ids_follow_the_table_rules(tmp_path, rows):
