@@ -261,7 +261,7 @@ def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comme
                     hint += f" (this line has {len(cols)} columns, the file's token lines {lay.width}: a space inside a token?)"
                 raise DataFormatError(path, n, f"tag {tag[:30]!r} ({column_name(lay.tag)}) is not {TAG_HELP}{hint}")
             return False
-        if not token:
+        if not token.strip():  # a no-break space alone is no token either
             if strict:
                 raise DataFormatError(path, n, f"empty token ({column_name(lay.token)})")
             return False

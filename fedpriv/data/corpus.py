@@ -251,8 +251,9 @@ def to_epoch_seconds(t: float | int | str | datetime) -> float:
 
 
 def default_spill_path(source: str | os.PathLike[str]) -> Path:
-    """Where a big source is spilled when the caller names no place: a fresh temp file."""
-    fd, name = tempfile.mkstemp(prefix=Path(source).name + ".", suffix=".fedpriv.sqlite")
-    os.close(fd)
-    os.unlink(name)
-    return Path(name)
+    """Where a big source is spilled when the caller names no place: a file named after the source
+    in a fresh private temporary folder (``tempfile.mkdtemp``: mode 0700, so no other user can read
+    the copy of the data, whatever the umask). The caller owns the folder and removes it
+    (``shutil.rmtree(path.parent)``) when the spill is no longer used."""
+    folder = tempfile.mkdtemp(prefix="fedpriv-spill-")
+    return Path(folder) / (Path(source).name + ".fedpriv.sqlite")

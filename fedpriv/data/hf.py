@@ -102,8 +102,14 @@ class HFNaturalIdStore(UserStore):
     def examples(self, user_id: str) -> list[Example]:
         if user_id not in self._has:
             raise KeyError(user_id)
-        parts = [self._partitioner.load_partition(pid).to_dict() for pid in self._pids[user_id]]
-        return [out[1] for part in parts for out in self._convert_batch(part, first_row=None) if out is not None]
+        pids = self._pids[user_id]
+        if len(pids) == 1:
+            part = self._partitioner.load_partition(pids[0]).to_dict()
+        else:  # raw ids merged into one user: their rows in file order, as the table loaders give them
+            self._partitioner.load_partition(pids[0])  # builds the partitions' row indices
+            rows = sorted(i for pid in pids for i in self._partitioner._partition_id_to_indices[pid])
+            part = self._ds.select(rows).to_dict()
+        return [out[1] for out in self._convert_batch(part, first_row=None) if out is not None]
 
 
 def _tag_class_names(feature: Any) -> list[str] | None:

@@ -12,13 +12,28 @@
 
 The file is streamed with ``iterparse`` and each element cleared after use, so a multi-GB dump
 runs in bounded memory when the examples are spilled to disk (``spill_to``; automatic above
-``SPILL_ABOVE_BYTES``).
+``SPILL_ABOVE_BYTES``). The parser is fed 1 MiB reads, doubled (up to 64 MiB) while a read ends
+no element: expat 2.5 scans a token that spans reads again from its start at each read, so
+iterparse's own 16 KB reads made one huge attribute (a 24 MB ``Body``) cost time quadratic in its
+size; now it costs time linear in it. Entity expansion stays bounded by expat and external
+entities are refused, as before (errors name the file and line).
+
+The automatic spill is a file in a private temporary folder (mode 0700; the file 0600), said in
+a note, and deleted with its folder when the corpus's store is no longer used (garbage-collected)
+or at interpreter exit; a file named with ``spill_to`` is the caller's and is never deleted.
+
+A dump that gives no example is refused with how many posts were read and why each group was
+skipped (no ``OwnerUserId``, a dropped account, another post type, no text once HTML and code
+are stripped).
 """
 
 from __future__ import annotations
 
 import os
 import re
+import shutil
+import sqlite3
+import weakref
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Collection, Iterator, Sequence
 from datetime import datetime, timezone
@@ -27,23 +42,38 @@ from pathlib import Path
 from fedpriv.data.corpus import FederatedCorpus, default_spill_path
 from fedpriv.data.examples import TextExample
 from fedpriv.data.tokenize import normalize, split_sentences, strip_html
-from fedpriv.errors import DataFormatError, SourceError
+from fedpriv.errors import DataFormatError, EmptyCorpusError, SourceError
 
 SPILL_ABOVE_BYTES = 256 * 2**20
 #: Stack Exchange's "Community" account: owns tag wikis and automatic posts; not a person.
 COMMUNITY_ACCOUNT = "-1"
 
 
+#: What the XML parser is fed at a time (see the module docstring): the first read, and the read
+#: after one that gave events; a read that gave none is followed by one twice as large, up to
+#: ``READ_MAX_BYTES``.
+READ_BYTES = 2**20
+READ_MAX_BYTES = 64 * 2**20
+
+
 class _CountingReader:
-    """A binary file wrapper that reports bytes read (for progress on big dumps)."""
+    """A binary file read in large chunks, whatever size the parser asks for, reporting bytes read
+    (for progress on big dumps). The reader of the events sets ``progressed`` on each one."""
 
     def __init__(self, f, callback: Callable[[int], None] | None):  # noqa: ANN001
         self._f = f
         self._cb = callback
         self.read_bytes = 0
+        self.progressed = True
+        self._size = READ_BYTES
 
     def read(self, n: int = -1) -> bytes:
-        data = self._f.read(n)
+        # iterparse asks for 16 KB; expat 2.5 re-scans an unfinished token from its start at each
+        # feed, so small reads make a huge attribute quadratic. A read that ended no element
+        # (a token still open) is followed by a larger one: the re-scans add up to O(token size).
+        self._size = READ_BYTES if self.progressed else min(2 * self._size, READ_MAX_BYTES)
+        self.progressed = False
+        data = self._f.read() if n is None or n < 0 else self._f.read(max(n, self._size))
         self.read_bytes += len(data)
         if self._cb is not None:
             self._cb(self.read_bytes)
@@ -79,6 +109,7 @@ def iter_posts(
         it = ET.iterparse(reader, events=("start", "end"))
         root = None
         for event, elem in _xml_events(path, it):
+            reader.progressed = True
             if root is None:
                 root = elem
                 if elem.tag != "posts":
@@ -159,14 +190,72 @@ def load_stackexchange(
     if isinstance(drop_owners, (str, int)) or not all(isinstance(o, (str, int)) and not isinstance(o, bool) for o in drop_owners):
         raise SourceError(f"drop_owners={drop_owners!r}: expected a list of OwnerUserId values, e.g. [\"-1\"] or []")
     drop = [str(o) for o in drop_owners]
-    if spill_to is None and path.stat().st_size > SPILL_ABOVE_BYTES:
+    size = path.stat().st_size
+    temporary = spill_to is None and size > SPILL_ABOVE_BYTES
+    if temporary:
         spill_to = default_spill_path(path)
     stats: dict = {}
-    corpus = FederatedCorpus.from_stream(
-        iter_posts(path, post_types, drop_code, stats, progress, drop), "text", name=f"stackexchange:{path.name}", spill_to=spill_to
-    )
+    try:
+        try:
+            corpus = FederatedCorpus.from_stream(
+                iter_posts(path, post_types, drop_code, stats, progress, drop), "text", name=f"stackexchange:{path.name}", spill_to=spill_to
+            )
+        except EmptyCorpusError:
+            if stats.get("posts_used") == 0:
+                raise EmptyCorpusError(f"{path}: the dump gave no examples: {_why_no_examples(stats, post_types, drop, drop_code)}") from None
+            raise
+        if temporary:
+            _delete_when_unused(corpus.store, Path(spill_to))
+    except BaseException:
+        if temporary:  # nothing of a failed automatic spill stays
+            shutil.rmtree(Path(spill_to).parent, ignore_errors=True)
+        raise
+    if temporary:
+        corpus.note(
+            f"{path.name} is {size / 2**20:,.0f} MB (over {SPILL_ABOVE_BYTES / 2**20:,.0f} MB): its examples were spilled to a temporary file, "
+            f"{spill_to} (readable by you only), that is deleted when the corpus is no longer used and at exit; spill_to=PATH keeps them"
+        )
     corpus.info.update(stats)
     if stats["skipped_dropped_owner"]:
         who = " and ".join("-1 (the Community account)" if o == COMMUNITY_ACCOUNT else o for o in drop)
         corpus.note(f"{stats['skipped_dropped_owner']} posts of account {who} dropped (drop_owners={drop}; pass drop_owners=[] to keep them)")
     return corpus
+
+
+def _why_no_examples(stats: dict, post_types, drop: Sequence[str], drop_code: bool) -> str:  # noqa: ANN001
+    """Why a dump gave no example, from the counts :func:`iter_posts` keeps."""
+    n = stats["posts"]
+    if n == 0:
+        return "it holds no <row> element under <posts>"
+    why = []
+    if stats["skipped_type"]:
+        why.append(f"{stats['skipped_type']:,} of a PostTypeId not in post_types={list(post_types or [])}")
+    if stats["skipped_no_owner"]:
+        why.append(f"{stats['skipped_no_owner']:,} without an OwnerUserId (deleted accounts, or posts that name only an OwnerDisplayName)")
+    if stats["skipped_dropped_owner"]:
+        who = " and ".join(drop) + (", the Community account" if COMMUNITY_ACCOUNT in drop else "")
+        why.append(f"{stats['skipped_dropped_owner']:,} of dropped account {who} (drop_owners={list(drop)}; drop_owners=[] keeps them)")
+    if stats["skipped_empty"]:
+        stripped = "HTML and code blocks were stripped (drop_code=False keeps the code)" if drop_code else "HTML was stripped"
+        why.append(f"{stats['skipped_empty']:,} with no text in their Title and Body attributes once {stripped}")
+    return f"{n:,} post{'s' if n != 1 else ''} read, none used: " + "; ".join(why)
+
+
+def _delete_when_unused(store: object, spill: Path) -> None:
+    """Make the automatic spill private (0600) and delete it, with its private folder, when its
+    store is garbage-collected (the store, not the corpus: corpora derived from the loaded one
+    share it) or at interpreter exit. The store's SQLite connection is closed first; only the
+    process that made the spill deletes it (a forked child's copy of the store does not)."""
+    os.chmod(spill, 0o600)
+    weakref.finalize(store, _remove_spill, getattr(store, "_con", None), str(spill.parent), os.getpid())
+
+
+def _remove_spill(con: sqlite3.Connection | None, folder: str, pid: int) -> None:
+    if os.getpid() != pid:
+        return
+    if con is not None:
+        try:
+            con.close()
+        except sqlite3.Error:
+            pass
+    shutil.rmtree(folder, ignore_errors=True)

@@ -126,7 +126,7 @@ class SqliteStore(UserStore):
         path = Path(path)
         if path.is_dir():
             raise FedprivError(f"spill_to {path}: not a file path (a folder is there)")
-        if path.exists() and not is_corpus_store(path):
+        if path.exists() and path.stat().st_size > 0 and not is_corpus_store(path):  # an empty file (mkstemp's) is free to fill
             raise FedprivError(f"spill_to {path}: a file that is not a fedpriv corpus store is there; remove it or name a new file (a spill file is written anew)")
         tmp = path.with_name(path.name + ".partial")
         if tmp.exists():

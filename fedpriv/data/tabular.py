@@ -103,7 +103,7 @@ PLACEHOLDER_USER_IDS = frozenset({"[deleted]", "[removed]", "nan", "none", "null
 PLACEHOLDER_USERS = ("skip", "keep")
 USER_ID_CASES = ("keep", "fold")
 #: A number in scientific notation, or an integer written as a float: ids mangled by a spreadsheet or pandas.
-_SCIENTIFIC_ID = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)[eE][+-]?\d+")
+_SCIENTIFIC_ID = re.compile(r"[+-]?\d(?:\.\d+)?[eE][+-]\d+")  # 1.23457E+18, 5E+11; not hex such as 69e56976
 _FLOAT_INT_ID = re.compile(r"[+-]?\d+\.0+")
 #: Epoch seconds of 3000-01-01: a larger timestamp is milliseconds (or finer) since the epoch.
 _MAX_EPOCH_SECONDS = 32503680000.0
@@ -233,7 +233,9 @@ class RowConverter:
         self.skipped_placeholder: Counter[str] = Counter()
         #: the top-level JSON keys the columns read (a duplicate of one is an error)
         self.keys = frozenset(c.split(".", 1)[0] for c in self.columns) | frozenset(self.columns)
-        self._quoted_keys = tuple(f'"{k}"' for k in self.keys)  # as a key is written in a JSON line
+        names = self.keys | {part for c in self.columns for part in c.split(".")}  # a dotted column's keys too
+        self._quoted_keys = tuple(f'"{k}"' for k in names)  # as a key is written in a JSON line
+        self._non_ascii_keys = not all(k.isascii() for k in names)
         #: where each user id was first seen, by the type it had there (an integer or a string):
         #: 1 and "1" print the same and would merge two users into one
         self._first_seen: dict[bool, dict[str, int | str | None]] = {True: {}, False: {}}
@@ -436,7 +438,7 @@ def decode_line(path: str | os.PathLike[str], n: int, raw: bytes) -> str:
     nul = text.find("\x00")
     if nul >= 0:
         raise DataFormatError(path, n, f"NUL byte at column {nul + 1}: a binary file, or UTF-16 text? (fedpriv reads UTF-8 text)")
-    if n == 1 and not raw.endswith(b"\n") and "\r" in text.rstrip("\r"):
+    if n == 1 and "\r" in text.rstrip("\r\n"):
         # the whole file is one line with carriage returns inside: its lines end in CR alone
         raise DataFormatError(path, n, "the file's lines end in a carriage return alone (classic Mac line ends): convert them with tr '\\r' '\\n'")
     return text
@@ -503,22 +505,33 @@ def _json_hint(line: str, first: bool) -> str:
 
 
 def _duplicate_key(conv: RowConverter, line: str) -> str | None:
-    """A key the columns read that appears twice in the line's object (JSON would keep the last);
-    the line is parsed again only when such a key's text appears twice."""
-    if not any(line.count(k) > 1 for k in conv._quoted_keys):
+    """A key the columns read that appears twice in its object (the top-level object, or one on a
+    dotted column's path): JSON would keep the last. The line is parsed again only when such a
+    key's text appears twice in it, or when a key is not ASCII (it may be written escaped)."""
+    if not conv._non_ascii_keys and not any(line.count(k) > 1 for k in conv._quoted_keys):
         return None
-    dup: list[str] = []
+    dups: dict[int, set[str]] = {}
 
     def pairs(items: list[tuple[str, object]]) -> dict:
-        seen: set[str] = set()
-        for k, _ in items:
-            if k in seen:
-                dup.append(k)
-            seen.add(k)
-        return dict(items)
+        obj = dict(items)
+        if len(obj) < len(items):
+            seen: set[str] = set()
+            twice: set[str] = set()
+            for k, _ in items:
+                (twice if k in seen else seen).add(k)
+            dups[id(obj)] = twice  # the objects stay alive inside top, so their ids stay theirs
+        return obj
 
     top = json.loads(line, object_pairs_hook=pairs)
-    return next((k for k in dup if k in conv.keys and k in top), None)
+    for col in conv.columns:
+        obj: object = top
+        for part in col.split(".") if col not in top else [col]:
+            if not isinstance(obj, dict):
+                break
+            if part in dups.get(id(obj), ()):
+                return part if obj is top else col
+            obj = obj.get(part)
+    return None
 
 
 def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]:
@@ -544,6 +557,17 @@ def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]
             except RowError as e:
                 raise DataFormatError(path, n, str(e)) from None
             yield from out
+
+
+def _holds_a_row(field: str, width: int) -> bool:
+    """Whether a TSV field holds, after a line break, a line that reads as a row of its own: as many
+    tab-separated fields as the header, the first not empty (a stray quote joined it); code with
+    tab indentation inside a quoted field does not."""
+    for line in field.splitlines()[1:]:
+        cols = line.split("\t")
+        if len(cols) == width and cols[0].strip():
+            return True
+    return False
 
 
 class MultilineRecords:
@@ -579,11 +603,11 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str, quoting: str = "cs
                 if end > start:
                     multiline.count += 1
                     multiline.first_line = multiline.first_line or start
-                    if delimiter == "\t" and any("\t" in v.partition("\n")[2] or "\t" in v.partition("\r")[2] for v in rec):
+                    if delimiter == "\t" and any(_holds_a_row(v, width) for v in rec):
                         raise DataFormatError(
-                            path, start, f"a quoted field starting on this line runs over {end - start} line break(s) into a tab: "
-                            "a stray quote (\") joining other rows into this one? pass quoting='none' if quotes are ordinary "
-                            "characters in this file"
+                            path, start, f"a quoted field starting on this line runs over {end - start} line break(s), and a line "
+                            "inside it reads as a row of its own: a stray quote (\") joining other rows into this one? pass "
+                            "quoting='none' if quotes are ordinary characters in this file"
                         )
                 if len(rec) != width:
                     raise DataFormatError(path, reader.line_num, f"{len(rec)} fields but the header has {width}")

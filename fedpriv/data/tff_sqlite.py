@@ -12,6 +12,17 @@ with the bytes features ``tokens`` (space-separated, lowercased tokens), ``title
 
 The protobuf wire format is decoded and encoded by hand below (only what ``tf.train.Example``
 needs), so neither TensorFlow nor the ``protobuf`` package is required.
+
+Opening a split never reads the examples' blobs, and makes Python objects per client, never per
+row (TFF's file: 342,477 training clients, 135.8M rows): the split's distinct client ids
+are enumerated in SQL (one index seek per client with TFF's ``(split_name, client_id)`` index,
+one scan of the split without it), and what would lose rows silently is refused, naming the
+file and the row or client: a NULL ``client_id``, one that is not text (an untyped column holding
+``12`` and ``'12'`` read as two users of one name), a client with rows in ``examples`` that
+``client_metadata`` does not list (when it lists the split), a client listed twice. A row whose
+``tokens`` is empty is an empty example, as TFF reads it (``empty_tokens='error'`` refuses it
+when its client is read: a client's count is known before its rows are read, so such a row
+cannot be skipped there). A file locked by a writing process is said to be locked, not unreadable.
 """
 
 from __future__ import annotations
@@ -20,9 +31,10 @@ import os
 import re
 import sqlite3
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -264,37 +276,80 @@ def format_creation_date(t: float | str | datetime) -> str:
 # ---- the store --------------------------------------------------------------------------------------
 
 FIELDS = ("tokens", "title")
+EMPTY_TOKENS = ("error", "keep")
 _EXAMPLE_COLUMNS = {"split_name", "client_id", "serialized_example_proto"}
 _METADATA_COLUMNS = {"client_id", "split_name", "num_examples"}
+#: How long opening or reading waits for another process's write lock, in seconds (sqlite3's default).
+BUSY_TIMEOUT_S = 5.0
+#: The split's distinct client ids in SQLite's order, one index seek each (a loose index scan); used
+#: only where the plan of one step is a seek in an index on ``(split_name, client_id)``.
+_NEXT_CLIENT = "SELECT client_id FROM examples WHERE split_name=?1 AND client_id > ?2 ORDER BY client_id LIMIT 1"
+_CLIENTS_BY_INDEX = """
+WITH RECURSIVE ids(id) AS (
+    SELECT (SELECT client_id FROM examples WHERE split_name=?1 AND client_id IS NOT NULL ORDER BY client_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT client_id FROM examples WHERE split_name=?1 AND client_id > ids.id ORDER BY client_id LIMIT 1)
+    FROM ids WHERE ids.id IS NOT NULL)
+SELECT id FROM ids WHERE id IS NOT NULL
+"""
+
+
+def _locked(e: sqlite3.Error) -> bool:
+    """Whether SQLite gave up waiting for another connection's lock (SQLITE_BUSY / SQLITE_LOCKED)."""
+    code = getattr(e, "sqlite_errorcode", None)
+    if code is not None:
+        return code & 0xFF in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "is locked" in str(e)
+
+
+def _show(client_id: str) -> str:
+    """A client id as a message shows it: as it is, or quoted when it has spaces or control characters."""
+    return client_id if client_id.isprintable() and client_id and " " not in client_id else repr(client_id)
+
+
+def _sql_type(value: object) -> str:
+    return {type(None): "NULL", int: "an integer", float: "a real number", bytes: "a BLOB"}.get(type(value), type(value).__name__)
 
 
 class TffSqliteStore(UserStore):
     """One split of a TFF SQLite file; a client's rows are read and decoded only when asked.
 
     Users are the split's clients (from ``client_metadata`` when it lists the split, else from
-    ``examples``), in :func:`user_sort_key` order; a client whose rows differ in number from its
-    ``client_metadata`` count is an error when its examples are read. Each row becomes a :class:`TextExample` whose text
-    is the ``field`` feature ("tokens" or "title") with whitespace collapsed to single spaces and
-    whose timestamp is ``creation_date`` in epoch seconds (``None`` when absent or empty).
+    ``examples``), in :func:`user_sort_key` order. Opening refuses a NULL or non-text ``client_id``
+    in the split's rows, and, when ``client_metadata`` lists the split, a client of the rows that it
+    does not list or lists twice (see the module docstring); a client whose rows differ in number
+    from its ``client_metadata`` count is an error when its examples are read. Each row becomes a
+    :class:`TextExample` whose text is the ``field`` feature ("tokens" or "title") with whitespace
+    collapsed to single spaces and whose timestamp is ``creation_date`` in epoch seconds (``None``
+    when absent or empty). An empty ``tokens`` is an empty example, as TFF reads it, unless
+    ``empty_tokens='error'`` (then an error when read; an empty ``title``, an answer's, is always an
+    empty example).
     """
 
     kind = "text"
 
-    def __init__(self, path: str | os.PathLike[str], split: str = "train", field: str = "tokens"):
+    def __init__(
+        self, path: str | os.PathLike[str], split: str = "train", field: str = "tokens", empty_tokens: str = "keep"
+    ):
         if field not in FIELDS:
             raise FedprivError(f"field must be one of {FIELDS}, got {field!r}")
+        if empty_tokens not in EMPTY_TOKENS:
+            raise FedprivError(f"empty_tokens must be one of {EMPTY_TOKENS}, got {empty_tokens!r}")
         self.path = Path(path)
         self.split = split
         self.field = field
+        self.empty_tokens = empty_tokens
         if not self.path.is_file():
             raise SourceError(f"{self.path}: no such file")
         uri = self.path.resolve().as_uri() + "?mode=ro"
-        self._con = sqlite3.connect(uri, uri=True, check_same_thread=False)
+        self._con = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=BUSY_TIMEOUT_S)
         self._counts: np.ndarray | None = None
         try:
             self._open()
         except sqlite3.DatabaseError as e:
             self._con.close()
+            if _locked(e):
+                raise self._locked_error(e) from None
             raise DataFormatError(self.path, None, f"not a readable SQLite file ({e})") from None
         except UnicodeDecodeError as e:  # a TEXT value (a table name, a client id) that is not UTF-8
             self._con.close()
@@ -302,6 +357,12 @@ class TffSqliteStore(UserStore):
         except BaseException:
             self._con.close()
             raise
+
+    def _locked_error(self, e: sqlite3.Error) -> SourceError:
+        return SourceError(
+            f"{self.path}: the file is locked by another process that is writing to it ({e}, after waiting {BUSY_TIMEOUT_S:g} s); "
+            "read it once that process is done, or read a copy"
+        )
 
     def _columns(self, table: str) -> set[str]:
         return {r[1] for r in self._con.execute(f"PRAGMA table_info({table})")}
@@ -329,18 +390,65 @@ class TffSqliteStore(UserStore):
         if bad is not None:
             raise DataFormatError(self.path, f"client_metadata, client {bad[0]}", f"num_examples {bad[1]!r} is not a count")
         if meta:
-            self._meta_counts: dict[str, int] | None = {str(c): int(n) for c, n in meta}
-            ids = list(self._meta_counts)
+            listed: dict[str, int] = {}
+            for c, n in meta:
+                if not isinstance(c, str):
+                    raise DataFormatError(
+                        self.path, "client_metadata", f"a client_id of split {self.split!r} is {_sql_type(c)} ({c!r}), not text: TFF client ids are TEXT"
+                    )
+                if c in listed:
+                    raise DataFormatError(self.path, f"client_metadata, client {_show(c)}", f"the client is listed twice for split {self.split!r}")
+                listed[c] = int(n)
+            self._meta_counts: dict[str, int] | None = listed
+            for c in self._clients():  # every client of the split's rows is listed: none is dropped unseen
+                if c not in listed:
+                    raise DataFormatError(
+                        self.path,
+                        f"client {_show(c)}",
+                        f"table 'examples' holds rows of this client in split {self.split!r}, but client_metadata does not list it "
+                        f"(it lists {len(listed):,} client{'' if len(listed) == 1 else 's'} of the split); the file is incomplete: add the client to client_metadata, "
+                        "or drop that table to read the clients from 'examples'",
+                    )
+            ids = list(listed)
         else:
             self._meta_counts = None
-            ids = [
-                str(r[0])
-                for r in self._con.execute("SELECT DISTINCT client_id FROM examples WHERE split_name=?", (self.split,))
-            ]
+            ids = list(self._clients())
         if not ids:
             raise FedprivError(f"{self.path}: no split {self.split!r}; the file has splits {self.splits()}")
         self._ids = tuple(sorted(ids, key=user_sort_key))
         self._id_set = frozenset(self._ids)
+
+    def _clients(self) -> Iterator[str]:
+        """The split's distinct client ids from table ``examples``, streamed (one seek per client with
+        an index on ``(split_name, client_id)``, else one scan); a NULL or non-text id is an error
+        naming its first row."""
+        plan = [r[3] for r in self._con.execute(f"EXPLAIN QUERY PLAN {_NEXT_CLIENT}", (self.split, ""))]
+        by_index = any(re.search(r"\bINDEX\b.*\(split_name=\? AND client_id>\?\)", d) for d in plan) and not any("TEMP B-TREE" in d for d in plan)
+        if by_index:
+            null = self._con.execute("SELECT 1 FROM examples WHERE split_name=? AND client_id IS NULL LIMIT 1", (self.split,)).fetchone()
+            if null is not None:
+                self._bad_client(None)
+            rows = self._con.execute(_CLIENTS_BY_INDEX, (self.split,))
+        else:
+            rows = self._con.execute("SELECT DISTINCT client_id FROM examples WHERE split_name=?", (self.split,))
+        for (c,) in rows:
+            if not isinstance(c, str):
+                self._bad_client(c)
+            yield c
+
+    def _bad_client(self, value: object) -> None:
+        row = self._con.execute(
+            "SELECT rowid FROM examples WHERE split_name=? AND client_id IS ? ORDER BY rowid LIMIT 1", (self.split, value)
+        ).fetchone()
+        where = f"row {row[0]}" if row is not None else f"split {self.split}"
+        if value is None:
+            raise DataFormatError(self.path, where, "client_id is NULL: the row belongs to no client")
+        raise DataFormatError(
+            self.path,
+            where,
+            f"client_id {value!r} is {_sql_type(value)}, not text: TFF client ids are TEXT, and an id stored as a number "
+            "and one stored as text that read the same (12 and '12') would be two clients of one name",
+        )
 
     def splits(self) -> list[str]:
         """The split names in the file (from ``client_metadata`` when it has any, else ``examples``)."""
@@ -365,7 +473,11 @@ class TffSqliteStore(UserStore):
                             "SELECT client_id, COUNT(*) FROM examples WHERE split_name=? GROUP BY client_id", (self.split,)
                         )
                     )
-                except (sqlite3.DatabaseError, UnicodeDecodeError) as e:
+                except sqlite3.DatabaseError as e:
+                    if _locked(e):
+                        raise self._locked_error(e) from None
+                    raise DataFormatError(self.path, "table examples", f"cannot count the rows ({e})") from None
+                except UnicodeDecodeError as e:
                     raise DataFormatError(self.path, "table examples", f"cannot count the rows ({e})") from None
             self._counts = np.array([got.get(u, 0) for u in self._ids], dtype=np.int64)
         return self._counts
@@ -379,6 +491,8 @@ class TffSqliteStore(UserStore):
                 (self.split, user_id),
             ).fetchall()
         except sqlite3.DatabaseError as e:
+            if _locked(e):
+                raise self._locked_error(e) from None
             raise DataFormatError(self.path, f"client {user_id}", f"cannot read rows ({e})") from None
         listed = None if self._meta_counts is None else self._meta_counts.get(user_id)
         if listed is not None and listed != len(rows):  # the counts were trusted: say when they lied
@@ -408,6 +522,14 @@ class TffSqliteStore(UserStore):
             return value
 
         text = " ".join(text_of(self.field, True).split())
+        if not text and self.field == "tokens" and self.empty_tokens == "error":
+            raise DataFormatError(
+                self.path,
+                where,
+                "feature 'tokens' is empty: the row has no word to train on, and cannot be skipped here (a client's count is known "
+                "before its rows are read); delete the row (and lower the client's client_metadata count), "
+                "or leave empty_tokens at 'keep' to read it as an empty example, as TFF does",
+            )
         date = text_of("creation_date", False)
         try:
             stamp = parse_creation_date(date) if date is not None else None
@@ -419,9 +541,13 @@ class TffSqliteStore(UserStore):
         self._con.close()
 
 
-def load_tff_sqlite(path: str | os.PathLike[str], split: str = "train", field: str = "tokens") -> FederatedCorpus:
-    """A lazy corpus over one split (``train``, ``heldout`` or ``test``) of TFF's Stack Overflow file."""
-    return FederatedCorpus(TffSqliteStore(path, split, field), name=f"stackoverflow-tff:{split}")
+def load_tff_sqlite(
+    path: str | os.PathLike[str], split: str = "train", field: str = "tokens", empty_tokens: Literal["error", "keep"] = "keep"
+) -> FederatedCorpus:
+    """A lazy corpus over one split (``train``, ``heldout`` or ``test``) of TFF's Stack Overflow file
+    (see :class:`TffSqliteStore` for what is refused; ``empty_tokens='error'`` refuses a row whose
+    ``tokens`` is empty instead of reading it as an empty example, as TFF does)."""
+    return FederatedCorpus(TffSqliteStore(path, split, field, empty_tokens), name=f"stackoverflow-tff:{split}")
 
 
 # ---- writer -----------------------------------------------------------------------------------------

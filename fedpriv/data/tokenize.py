@@ -47,6 +47,8 @@ _WORD_PART = rf"[^\W_]+(?:{_MARK}+[^\W_]*)*"
 # hyphens (don't, e-mail); every other non-space character (a mark with no word before it too)
 # is a token of its own.
 _TOKEN = re.compile(rf"{_WORD_PART}(?:['\u2019\-]{_WORD_PART})*|[^\w\s]|_", re.UNICODE)
+# ASCII text has no combining marks and is its own NFC form: the same tokens by a smaller pattern.
+_ASCII_TOKEN = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*|[^\w\s]|_")
 # A sentence ends at . ! or ? (possibly repeated, possibly followed by a closing quote or
 # bracket) followed by whitespace. (Lookbehinds of one or two characters: linear on any run.)
 _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
@@ -55,6 +57,8 @@ _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 def tokenize(text: str) -> list[str]:
     """Lowercased tokens of the NFC form of ``text``: words (letters and digits with the combining
     marks after them, with inner apostrophes/hyphens) and single punctuation marks."""
+    if text.isascii():
+        return _ASCII_TOKEN.findall(text.lower())
     return _TOKEN.findall(unicodedata.normalize("NFC", text).lower().replace("\u2019", "'"))
 
 
@@ -82,7 +86,7 @@ def split_sentences(text: str) -> list[str]:
 _OPENERS = "\"'([{\u00bf\u00a1\u00ab\u201c\u2018"  # also ¿ ¡ « “ ‘
 _WIDE_CLOSERS = "\"')\\]}\u00bb\u2019\u201d\u300d\u300f\u3009\u300b\u3011\u3015\u3017\u3019\u301b\uff09\uff3d\uff5d\uff63"
 _PROSE_END = re.compile(
-    r"(?<![.!?\u3002\uff01\uff1f])(?:"
+    r"(?=[.!?\u3002\uff01\uff1f])(?<![.!?\u3002\uff01\uff1f])(?:"  # the lookahead first: the engine skips to a terminator fast
     r"(?P<wide>[.!?]*[\u3002\uff01\uff1f][.!?\u3002\uff01\uff1f]*[" + _WIDE_CLOSERS + r"]*\s*)"
     r"|[.!?]+[\"')\]]*\s+(?=[" + re.escape(_OPENERS) + r"]?[^\W_a-z]))"
 )

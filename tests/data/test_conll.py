@@ -290,6 +290,11 @@ def test_a_no_break_space_is_part_of_a_token(tmp_path):
     p.write_text("It PRP B-NP O\ncosts VBZ B-VP O\n10\u00a0000 CD B-NP B-MONEY\n")
     (s,) = [s for _, s in iter_sentences(p)]
     assert s.tokens == ("It", "costs", "10\u00a0000") and s.tags == ("O", "O", "B-MONEY")
+    alone = tmp_path / "alone.conll"
+    alone.write_text("a\tO\n\u00a0\tO\n")
+    with pytest.raises(DataFormatError, match="empty token") as e:  # a no-break space alone is no token
+        load_conll(alone)
+    assert e.value.where == 2
 
 
 def test_iob1_entity_starts_are_noted_and_read_as_b_on_request(tmp_path):

@@ -79,7 +79,7 @@ def test_ids_differing_in_case_are_counted_without_naming_them_and_folded_on_req
 
 @pytest.mark.parametrize(
     ("uid", "why"),
-    [("1.23457E+18", "scientific notation: a spreadsheet rounded it"), ("7.0", "an integer written as a float"), ("-2e3", "scientific notation")],
+    [("1.23457E+18", "scientific notation: a spreadsheet rounded it"), ("7.0", "an integer written as a float"), ("5E+11", "scientific notation")],
 )
 def test_ids_mangled_by_spreadsheets_are_refused_with_the_line(tmp_path, uid, why):
     p = tmp_path / "t.csv"
@@ -87,6 +87,22 @@ def test_ids_mangled_by_spreadsheets_are_refused_with_the_line(tmp_path, uid, wh
     with pytest.raises(DataFormatError, match=why) as e:
         load_table(p)
     assert e.value.where == 3
+
+
+def test_hex_and_other_ids_that_merely_contain_an_e_are_ids(tmp_path):
+    ids = ["69e56976", "1e5", "2e-3x", "0e0"]  # hashed pseudonyms: no spreadsheet writes E without a sign
+    p = tmp_path / "hex.csv"
+    p.write_text("user_id,text\n" + "".join(f"{u},{s}\n" for u, s in zip(ids, SENTENCES)), encoding="utf-8")
+    assert sorted(load_table(p).user_ids) == sorted(ids)
+
+
+def test_a_pandas_tsv_with_tab_indented_code_in_a_field_reads(tmp_path):
+    """A quoted field holding line breaks and tabs (code) is no stray quote: no line in it reads as a row."""
+    pd = pytest.importorskip("pandas")
+    p = tmp_path / "pd.tsv"
+    pd.DataFrame({"user_id": ["ada", "bob"], "text": ["My loop:\n\tfor x in y:\n\t\tprint(x)", "fine"]}).to_csv(p, sep="\t", index=False)
+    c = load_table(p)
+    assert c.user_ids == ("ada", "bob") and "1 records of pd.tsv span several lines" in notes(c)
 
 
 def test_tsv_stray_quote_joining_rows_is_refused_and_quoting_none_reads_it(tmp_path):
@@ -163,11 +179,16 @@ def test_pretty_printed_objects_get_a_hint(tmp_path):
     assert e.value.where == 1
 
 
-def test_classic_mac_line_ends_get_a_hint(tmp_path):
+@pytest.mark.parametrize("end", [b"", b"\n"])  # with or without a final LF
+def test_classic_mac_line_ends_are_refused(tmp_path, end):
     p = tmp_path / "mac.csv"
-    p.write_bytes(f"user_id,text\rada,{SENTENCES[0]}\rbob,{SENTENCES[1]}\r".encode())
-    with pytest.raises(DataFormatError, match="classic Mac line ends"):
+    p.write_bytes(f"user_id,text\rada,{SENTENCES[0]}\rbob,{SENTENCES[1]}\r".encode() + end)
+    with pytest.raises(DataFormatError, match="classic Mac line ends") as e:
         load_table(p)
+    assert e.value.where == 1
+    crlf = tmp_path / "windows.csv"
+    crlf.write_bytes(f"user_id,text\r\nada,{SENTENCES[0]}\r\n".encode() + end)
+    assert load_table(crlf).user_ids == ("ada",)
 
 
 def test_parquet_with_a_used_column_twice_is_a_data_error(tmp_path):
@@ -207,6 +228,17 @@ def test_a_used_key_twice_in_one_object_is_refused(tmp_path):
     with pytest.raises(DataFormatError, match="the key 'user_id' appears twice in the object") as e:
         load_table(p)
     assert e.value.where == 3
+    nested_dup = tmp_path / "nested.jsonl"  # a duplicate inside an object no column reads is not ours to judge
+    nested_dup.write_text('{"user_id": "ada", "text": "hi", "meta": {"user_id": 1, "user_id": 2}}\n', encoding="utf-8")
+    assert load_table(nested_dup).user_ids == ("ada",)
+    han = tmp_path / "han.jsonl"  # json.dumps writes a non-ASCII key escaped: the raw text never shows it twice
+    han.write_text(json.dumps({"text": "x"})[:-1] + ', "\\u7528\\u6237": "ada", "\\u7528\\u6237": "bob"}\n', encoding="utf-8")
+    with pytest.raises(DataFormatError, match="appears twice"):
+        load_table(han, user_column="\u7528\u6237")
+    dotted = tmp_path / "dotted_dup.jsonl"
+    dotted.write_text('{"user": {"name": "ada", "name": "bob"}, "text": "x"}\n', encoding="utf-8")
+    with pytest.raises(DataFormatError, match="the key 'user.name' appears twice"):
+        load_table(dotted, user_column="user.name")
 
 
 def test_spill_refuses_to_replace_a_file_that_is_no_corpus_store(tmp_path):
@@ -220,6 +252,9 @@ def test_spill_refuses_to_replace_a_file_that_is_no_corpus_store(tmp_path):
     sqlite3.connect(other_db).execute("CREATE TABLE t (x)").connection.commit()
     with pytest.raises(FedprivError, match="not a fedpriv corpus store"):
         load_table(src, spill_to=other_db)
+    empty = tmp_path / "fresh.sqlite"  # a file made empty by tempfile.mkstemp is free to fill
+    empty.touch()
+    assert load_table(src, spill_to=empty).user_ids == ("ada",)
     store = tmp_path / "spill.sqlite"
     load_table(src, spill_to=store)
     again = load_table(jsonl(tmp_path / "b.jsonl", [{"user_id": "bob", "text": SENTENCES[1]}]), spill_to=store)  # a spill replaces a spill

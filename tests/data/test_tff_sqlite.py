@@ -445,3 +445,154 @@ def test_writer_refuses_bad_records_and_leaves_no_file(tmp_path):
     with pytest.raises(FedprivError, match="given twice"):
         write_tff_sqlite(path, {"1": [{"tokens": "a"}]}, "train", splits={"train": {}})
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- rows that a loose file would lose silently (found by a fuzz of the loaders) -----------------
+
+import fedpriv.data.tff_sqlite as tff_module  # noqa: E402
+from fedpriv.data.sources import open_corpus  # noqa: E402
+
+BLOB = encode_example({"tokens": "hello world", "creation_date": "2010-01-08 09:34:05 UTC"})
+
+
+def raw_file(path, rows, *, client_type="TEXT", meta=None, index=True):
+    """A file of the given ``(split, client_id, blob)`` rows, ``client_id`` declared ``client_type``
+    (nullable), with ``client_metadata`` rows ``meta`` (``(client_id, split, count)``) when given,
+    and TFF's index on ``(split_name, client_id)`` when ``index``."""
+    con = sqlite3.connect(path)
+    con.execute(f"CREATE TABLE examples (split_name TEXT, client_id {client_type}, serialized_example_proto BLOB)")
+    con.executemany("INSERT INTO examples VALUES (?, ?, ?)", rows)
+    if index:
+        con.execute("CREATE INDEX idx_examples_client_id_split ON examples (split_name, client_id)")
+    if meta is not None:
+        con.execute(f"CREATE TABLE client_metadata (client_id {client_type}, split_name TEXT, num_examples INTEGER)")
+        con.executemany("INSERT INTO client_metadata VALUES (?, ?, ?)", meta)
+    con.commit()
+    con.close()
+    return path
+
+
+def traced_open(path, **kw):
+    """Open a store with every SQL statement of the opening recorded."""
+    statements: list[str] = []
+
+    class Traced(TffSqliteStore):
+        def _open(self):
+            self._con.set_trace_callback(statements.append)
+            super()._open()
+
+    return Traced(path, **kw), statements
+
+
+@pytest.mark.parametrize("index", [True, False], ids=["tff-index", "no-index"])
+def test_a_client_that_client_metadata_omits_is_refused(tmp_path, index):
+    path = write_tff_sqlite(tmp_path / "so.sqlite", {"u1": [{"tokens": "hi there"}], "u2": [{"tokens": "second client"}, {"tokens": "x"}]})
+    con = sqlite3.connect(path)
+    con.execute("DELETE FROM client_metadata WHERE client_id='u2'")
+    if not index:
+        con.execute("DROP INDEX idx_examples_client_id_split")
+    con.commit()
+    con.close()
+    with pytest.raises(DataFormatError) as err:
+        load_tff_sqlite(path)  # it used to load u1 alone, u2's rows dropped unseen
+    assert err.value.path == str(path) and err.value.where == "client u2"
+    assert "table 'examples' holds rows of this client in split 'train', but client_metadata does not list it (it lists 1 client of the split)" in str(err.value)
+    # metadata of another split only says nothing about this split's clients: they are read from 'examples'
+    con = sqlite3.connect(path)
+    con.execute("UPDATE client_metadata SET split_name='test'")
+    con.commit()
+    con.close()
+    assert list(load_tff_sqlite(path).user_ids) == ["u1", "u2"]
+
+
+def test_opening_enumerates_clients_by_index_seeks_and_reads_no_blob(so_file):
+    store, statements = traced_open(so_file)
+    assert store.user_ids() == ("2", "10", "alice")
+    assert not [s for s in statements if "serialized_example_proto" in s]
+    assert any("WITH RECURSIVE" in s for s in statements) and not any("SELECT DISTINCT client_id" in s for s in statements)
+    store.close()
+    con = sqlite3.connect(so_file)
+    con.execute("DROP INDEX idx_examples_client_id_split")
+    con.commit()
+    con.close()
+    store, statements = traced_open(so_file)  # without the index: one scan of the split, not a scan per client
+    assert store.user_ids() == ("2", "10", "alice")
+    assert any("SELECT DISTINCT client_id" in s for s in statements) and not any("WITH RECURSIVE" in s for s in statements)
+    store.close()
+
+
+@pytest.mark.parametrize("index", [True, False], ids=["index", "no-index"])
+@pytest.mark.parametrize("with_meta", [True, False], ids=["metadata", "no-metadata"])
+def test_a_null_client_id_is_refused_with_its_row(tmp_path, index, with_meta):
+    rows = [("train", "u1", BLOB), ("train", None, BLOB), ("test", None, BLOB)]
+    meta = [("u1", "train", 1)] if with_meta else None
+    path = raw_file(tmp_path / "null.sqlite", rows, meta=meta, index=index)
+    with pytest.raises(DataFormatError) as err:
+        load_tff_sqlite(path)  # it used to give a user 'None' with no example
+    assert str(err.value) == f"{path} (row 2): client_id is NULL: the row belongs to no client"
+
+
+@pytest.mark.parametrize("index", [True, False], ids=["index", "no-index"])
+@pytest.mark.parametrize("with_meta", [True, False], ids=["metadata", "no-metadata"])
+def test_a_client_id_that_is_not_text_is_refused_with_its_row(tmp_path, index, with_meta):
+    rows = [("train", "u1", BLOB), ("train", 12, BLOB), ("train", "12", BLOB)]
+    meta = [("u1", "train", 1), ("12", "train", 1)] if with_meta else None
+    path = raw_file(tmp_path / "int.sqlite", rows, client_type="", meta=meta, index=index)
+    with pytest.raises(DataFormatError) as err:
+        load_tff_sqlite(path)  # it used to give two users both named '12', one of them without its row
+    assert err.value.where == "row 2"
+    assert "client_id 12 is an integer, not text: TFF client ids are TEXT" in str(err.value)
+    blob = raw_file(tmp_path / "blob.sqlite", [("train", "u1", BLOB), ("train", b"u2", BLOB)], index=index)
+    with pytest.raises(DataFormatError, match=r"\(row 2\): client_id b'u2' is a BLOB, not text"):
+        load_tff_sqlite(blob)
+
+
+def test_client_metadata_with_a_non_text_or_repeated_client_is_refused(tmp_path):
+    rows = [("train", "12", BLOB), ("train", "u1", BLOB)]
+    path = raw_file(tmp_path / "m1.sqlite", rows, client_type="", meta=[(12, "train", 1), ("u1", "train", 1)])
+    with pytest.raises(DataFormatError, match=r"m1.sqlite \(client_metadata\): a client_id of split 'train' is an integer \(12\), not text"):
+        load_tff_sqlite(path)
+    path = raw_file(tmp_path / "m2.sqlite", rows, meta=[("12", "train", 1), ("u1", "train", 1), ("12", "train", 1)])
+    with pytest.raises(DataFormatError, match=r"m2.sqlite \(client_metadata, client 12\): the client is listed twice for split 'train'"):
+        load_tff_sqlite(path)
+    path = raw_file(tmp_path / "m3.sqlite", [("train", "a b", BLOB)], meta=[("u1", "train", 1)])
+    with pytest.raises(DataFormatError) as err:
+        load_tff_sqlite(path)
+    assert err.value.where == "client 'a b'"
+
+
+def test_an_empty_tokens_row_is_kept_as_tff_does_or_an_error_when_asked(tmp_path):
+    path = write_tff_sqlite(tmp_path / "so.sqlite", {"u1": [{"tokens": "first"}, {"tokens": " \t "}, {"tokens": ""}], "u2": [{"tokens": "fine"}]})
+    kept = load_tff_sqlite(path)
+    assert kept.counts().tolist() == [3, 1]  # opening reads no blob: the rows are found when read
+    assert [e.text for e in kept.examples("u1")] == ["first", "", ""]
+    strict = load_tff_sqlite(path, empty_tokens="error")
+    assert strict.examples("u2") == [TextExample("fine", None)]
+    with pytest.raises(DataFormatError) as err:
+        strict.examples("u1")
+    assert err.value.path == str(path) and err.value.where == "client u1, row 2"
+    assert "feature 'tokens' is empty" in str(err.value)
+    with pytest.raises(DataFormatError, match="feature 'tokens' is empty"):
+        open_corpus(str(path), empty_tokens="error").examples("u1")
+    assert [e.text for e in load_tff_sqlite(path, field="title", empty_tokens="error").examples("u1")] == ["", "", ""]  # answers have no title: kept
+    with pytest.raises(FedprivError, match="empty_tokens must be one of"):
+        load_tff_sqlite(path, empty_tokens="skip")
+
+
+def test_a_file_locked_by_a_writer_is_said_to_be_locked(so_file, monkeypatch):
+    monkeypatch.setattr(tff_module, "BUSY_TIMEOUT_S", 0.05)
+    store = TffSqliteStore(so_file)  # opened before the writer came
+    writer = sqlite3.connect(so_file, isolation_level=None)
+    writer.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(SourceError) as err:
+            load_tff_sqlite(so_file)
+        assert str(err.value).startswith(f"{so_file}: the file is locked by another process that is writing to it (database is locked")
+        assert "not a readable" not in str(err.value)
+        with pytest.raises(SourceError, match="locked by another process"):
+            store.examples("alice")
+    finally:
+        writer.execute("ROLLBACK")
+        writer.close()
+    assert store.examples("alice") == [TextExample("from alice", None)]
+    store.close()
