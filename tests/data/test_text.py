@@ -61,3 +61,18 @@ def test_bad_text_files(tmp_path):
     p.write_text("\n   \n")
     with pytest.raises(EmptyCorpusError, match="every line is blank"):
         load_text(p)
+
+
+def test_spill_to_streams_the_lines_to_disk_and_reads_the_same(tmp_path):
+    """The file is read twice (count, then stream), so with spill_to no list of its lines is held."""
+    from fedpriv.data.stores import SqliteStore
+    from fedpriv.data.text import load_text
+
+    p = tmp_path / "t.txt"
+    p.write_text("First paragraph, line one.\nLine two!\n\n...\nSecond paragraph.\n\n\nThird.\n", encoding="utf-8")
+    mem = load_text(p)
+    disk = load_text(p, spill_to=tmp_path / "spill.sqlite")
+    assert isinstance(disk.store, SqliteStore)
+    assert disk.user_ids == mem.user_ids == ("para-0", "para-1", "para-2")
+    assert [disk.examples(u) for u in disk.user_ids] == [mem.examples(u) for u in mem.user_ids]
+    assert disk.notes == mem.notes and disk.info["lines"] == mem.info["lines"] == 5
