@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -205,23 +205,32 @@ def _iob_starts(tags: list[str], repair: bool) -> int:
 def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comment_key: str | None = None, iob: str = "keep") -> ConllFile:
     """Every sentence of a CoNLL/IOB file (see the module docstring); ``comment_key``: also record the
     value of the last ``# KEY = VALUE`` comment before each sentence; ``iob``: see :data:`IOB_MODES`."""
+    path = Path(path)
+    out = ConllFile()
+    for doc, value, sentence in stream_conll(path, layout or detect_layout(path), comment_key, iob, out):
+        out.sentences.append(sentence)
+        out.doc_index.append(doc)
+        out.comment_values.append(value)
+    return out
+
+
+def stream_conll(path: Path, lay: Layout, comment_key: str | None, iob: str, out: ConllFile) -> Iterator[tuple[int, str | None, TaggedExample]]:
+    """``(document index, comment value, sentence)`` of each sentence, streamed; ``out`` gathers the
+    file's facts (documents and their ids, comments, skipped tokens, I- entity starts) but not the
+    sentences (see :func:`read_conll`)."""
     if iob not in IOB_MODES:
         raise SourceError(f"iob must be one of {', '.join(repr(m) for m in IOB_MODES)}, got {iob!r}")
-    path = Path(path)
-    lay = layout or detect_layout(path)
-    out = ConllFile()
     doc, doc_has_sentences = 0, False
     value: str | None = None
     tokens: list[str] = []
     tags: list[str] = []
+    ready: list[tuple[int, str | None, TaggedExample]] = []  # sentences ended by the line just read
 
     def end_sentence() -> None:
         nonlocal tokens, tags, doc_has_sentences
         if tokens:
             out.iob_starts += _iob_starts(tags, iob == "iob2")
-            out.sentences.append(TaggedExample(tuple(tokens), tuple(tags)))
-            out.doc_index.append(doc)
-            out.comment_values.append(value)
+            ready.append((doc, value, TaggedExample(tuple(tokens), tuple(tags))))
             tokens, tags = [], []
             doc_has_sentences = True
 
@@ -271,6 +280,9 @@ def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comme
 
     with open(path, "rb") as f:
         for n, raw in enumerate(f, start=1):
+            if ready:
+                yield from ready
+                ready.clear()
             line = _decode(path, n, raw)
             if n == lay.header_line:
                 continue
@@ -298,7 +310,7 @@ def read_conll(path: str | os.PathLike[str], layout: Layout | None = None, comme
                 continue
             token_line(n, _columns(line), line, strict=True)
     end_sentence()
-    return out
+    yield from ready
 
 
 def iter_sentences(path: str | os.PathLike[str], token_column: int | None = None, tag_column: int | None = None) -> Iterator[tuple[int, TaggedExample]]:
@@ -314,44 +326,63 @@ def load_conll(
     token_column: int | None = None,
     tag_column: int | None = None,
     iob: str = "keep",
+    spill_to: str | os.PathLike[str] | None = None,
 ) -> FederatedCorpus:
     """A CoNLL/IOB file as a FederatedCorpus of tagged sentences, users formed by ``users``;
-    ``iob="iob2"`` reads I- tags that begin an entity as B- (they are counted in a note either way)."""
+    ``iob="iob2"`` reads I- tags that begin an entity as B- (they are counted in a note either way).
+    With ``spill_to`` (a file path) the file is read twice (its facts, then its sentences streamed
+    to an on-disk store), so memory stays bounded whatever the file's size."""
     path = Path(path)
     if not path.is_file():
         raise SourceError(f"{path}: no such file")
     rule = parse_users(users, "sentence", "document", comment=True)
     layout = detect_layout(path, token_column, tag_column)
-    read = read_conll(path, layout, rule.key if rule.kind == "comment" else None, iob)
-    sents = read.sentences
-    if not sents:
+    key = rule.key if rule.kind == "comment" else None
+    read = ConllFile()
+    count, docs, missing = 0, set[int](), None
+    held: list[tuple[int, str | None, TaggedExample]] = []  # without spill_to, the one pass keeps the sentences
+    for item in stream_conll(path, layout, key, iob, read):
+        doc, value, _ = item
+        if missing is None and not value:
+            missing = count
+        count += 1
+        docs.add(doc)
+        if spill_to is None:
+            held.append(item)
+    if not count:
         raise FedprivError(f"{path}: no sentences found (expected token lines: {layout.describe()})")
     notes: list[str] = []
     if rule.kind == "auto":
         rule = parse_users("document", "sentence", "document") if read.marks_documents else fallback_blocks("sentence")
         if rule.kind == "blocks":
             notes.append(f"{path.name} marks no documents (-DOCSTART-, '# newdoc id = ...'), so users='auto' made blocks of sentences")
+    ids: list[str] | None = None
     if rule.kind == "natural":
-        ids = _document_ids(read)
-        named = len(read.doc_ids)
+        doc_id = _document_id(read, max(docs))
         if not read.marks_documents:
-            notes.append(f"{path.name} marks no documents: users='document' made all {len(sents)} sentences one user")
+            notes.append(f"{path.name} marks no documents: users='document' made all {count} sentences one user")
         elif users == "auto":
-            docs = len(set(read.doc_index))
-            how = "named by their ids" if named == docs else "numbered in file order" if not named else f"{named} named by their ids, the others numbered"
-            notes.append(f"users are the file's {len(set(ids))} documents (users='auto'; {how})")
+            named = len(read.doc_ids)
+            how = "named by their ids" if named == len(docs) else "numbered in file order" if not named else f"{named} named by their ids, the others numbered"
+            notes.append(f"users are the file's {len({doc_id(d) for d in docs})} documents (users='auto'; {how})")
     elif rule.kind == "comment":
-        missing = next((i for i, v in enumerate(read.comment_values) if not v), None)
         if missing is not None:
             raise DataFormatError(path, None, f"sentence {missing + 1} has no '# {rule.key} = ...' comment before it (users={rule.text!r})")
-        ids = [str(v) for v in read.comment_values]
     elif rule.kind == "mapping":
         assert rule.path is not None
-        ids = read_mapping(rule.path, len(sents), "sentence", path)
+        ids = read_mapping(rule.path, count, "sentence", path)
     else:
-        ids, note = synthetic_ids(rule, len(sents), "sentence", path)
+        ids, note = synthetic_ids(rule, count, "sentence", path)
         notes.append(note)
-    corpus = FederatedCorpus.from_stream(zip(ids, sents), "tagged", name=f"conll:{path.name}[{users}]")
+
+    def user(i: int, doc: int, value: str | None) -> str:
+        if ids is not None:
+            return ids[i]
+        return str(value) if rule.kind == "comment" else doc_id(doc)
+
+    again = held if spill_to is None else stream_conll(path, layout, key, iob, ConllFile())  # spilled: a second pass
+    sentences = ((user(i, doc, value), s) for i, (doc, value, s) in enumerate(again))
+    corpus = FederatedCorpus.from_stream(sentences, "tagged", name=f"conll:{path.name}[{users}]", spill_to=spill_to)
     if (layout.detected or layout.tag_detected) and not (layout.token == 0 and layout.tag in (-1, layout.width - 1)):
         notes.append(f"{path.name}: {layout.describe()}; pass token_column= / tag_column= to choose others")
     if layout.tag_detected and layout.other_tag_columns:
@@ -370,13 +401,13 @@ def load_conll(
         notes.append(f"{path.name}:{layout.header_line} read as a header line and skipped")
     for message in notes:
         corpus.note(message)
-    corpus.info.update(sentences=len(sents), comment_lines=read.comments, documents=len(set(read.doc_index)) if read.marks_documents else 0)
+    corpus.info.update(sentences=count, comment_lines=read.comments, documents=len(docs) if read.marks_documents else 0)
     if read.skipped_tokens:
         corpus.info["skipped_multiword_or_empty_nodes"] = read.skipped_tokens
     return corpus
 
 
-def _document_ids(read: ConllFile) -> list[str]:
-    """Each sentence's document: its id when the file names it, else ``doc-0007`` by position."""
-    width = len(str(max(read.doc_index, default=0)))
-    return [read.doc_ids.get(d) or f"doc-{d:0{width}d}" for d in read.doc_index]
+def _document_id(read: ConllFile, last: int) -> Callable[[int], str]:
+    """A sentence's document as a user: its id when the file names it, else ``doc-0007`` by position."""
+    width = len(str(last))
+    return lambda d: read.doc_ids.get(d) or f"doc-{d:0{width}d}"

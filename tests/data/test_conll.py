@@ -323,3 +323,15 @@ def test_classic_mac_line_ends_are_refused(tmp_path):
     p.write_bytes(b"EU\tB-ORG\rrejects\tO\r\rPeter\tB-PER\r")
     with pytest.raises(DataFormatError, match=r"mac\.conll:1: the file's lines end in a carriage return alone"):
         load_conll(p)
+
+
+def test_spill_to_streams_the_sentences_to_disk_and_reads_the_same(tmp_path, wnut_train):
+    """load_conll reads the file twice (its facts, then its sentences streamed): with spill_to the
+    store is on disk, and the corpus is the one held in memory."""
+    from fedpriv.data.stores import SqliteStore
+
+    mem = load_conll(wnut_train, users="sentences:10")
+    disk = load_conll(wnut_train, users="sentences:10", spill_to=tmp_path / "wnut.sqlite")
+    assert isinstance(disk.store, SqliteStore)
+    assert disk.user_ids == mem.user_ids and disk.notes == mem.notes and disk.info == mem.info
+    assert all(disk.examples(u) == mem.examples(u) for u in mem.user_ids[:50])
