@@ -101,6 +101,8 @@ QUOTINGS = ("csv", "none")
 #: User ids that stand for many people (compared casefolded): deleted accounts, missing values.
 PLACEHOLDER_USER_IDS = frozenset({"[deleted]", "[removed]", "nan", "none", "null", "\\n", "n/a", "#n/a", "undefined"})
 PLACEHOLDER_USERS = ("skip", "keep")
+#: Texts that stand for a deleted or removed post (Reddit's), compared stripped and casefolded: no data.
+PLACEHOLDER_TEXTS = frozenset({"[deleted]", "[removed]"})
 USER_ID_CASES = ("keep", "fold")
 #: A number in scientific notation, or an integer written as a float: ids mangled by a spreadsheet or pandas.
 _SCIENTIFIC_ID = re.compile(r"[+-]?\d(?:\.\d+)?[eE][+-]\d+")  # 1.23457E+18, 5E+11; not hex such as 69e56976
@@ -231,6 +233,7 @@ class RowConverter:
         #: rows whose string user id was trimmed or put in NFC form; rows skipped for a placeholder id, by id
         self.normalized_ids = 0
         self.skipped_placeholder: Counter[str] = Counter()
+        self.placeholder_texts: Counter[str] = Counter()  # rows whose text is '[deleted]' or '[removed]' (also in skipped_empty)
         #: the top-level JSON keys the columns read (a duplicate of one is an error)
         self.keys = frozenset(c.split(".", 1)[0] for c in self.columns) | frozenset(self.columns)
         names = self.keys | {part for c in self.columns for part in c.split(".")}  # a dotted column's keys too
@@ -318,10 +321,15 @@ class RowConverter:
         return list(v)
 
     def _text(self, row: Mapping) -> str:
+        """The row's text; ``""`` (counted) for a deleted or removed post's placeholder."""
         text = self._get(row, self.text_column)
         if not isinstance(text, str):
             raise RowError(f"column {self.text_column!r} must be a string, got {_type_name(text)}")
-        return _check_unicode(text, f"column {self.text_column!r}")
+        text = _check_unicode(text, f"column {self.text_column!r}")
+        if len(text) < 16 and text.strip().casefold() in PLACEHOLDER_TEXTS:
+            self.placeholder_texts[text.strip()] += 1
+            return ""
+        return text
 
     def convert_all(self, row: Mapping, where: int | str | None = None) -> list[tuple[str, Example]]:
         """The row's examples: one (or none) for ``unit="row"``, its sentences for ``unit="sentence"``;
@@ -373,9 +381,14 @@ class RowConverter:
 def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
     """Say how many rows gave no example (their text or token list was empty, or their user id a
     placeholder), and what was done to user ids (:func:`note_user_ids`)."""
-    if conv.skipped_empty:
+    placeholders = sum(conv.placeholder_texts.values())
+    if conv.skipped_empty > placeholders:
         what = "text" if conv.kind == "text" else "token list"
-        corpus.note(f"{conv.skipped_empty} rows of {corpus.name} have an empty {what} and were skipped", skipped_empty=conv.skipped_empty)
+        empty = conv.skipped_empty - placeholders
+        corpus.note(f"{empty} rows of {corpus.name} have an empty {what} and were skipped", skipped_empty=empty)
+    if placeholders:
+        which = ", ".join(f"{t!r} ({k:,})" for t, k in conv.placeholder_texts.most_common())
+        corpus.note(f"{placeholders:,} rows of {corpus.name} hold a deleted or removed post's placeholder text and were skipped: {which}", skipped_placeholder_text=placeholders)
     if conv.skipped_placeholder:
         n = sum(conv.skipped_placeholder.values())
         which = ", ".join(f"{u!r} ({k:,})" for u, k in conv.skipped_placeholder.most_common())

@@ -54,6 +54,17 @@ def test_placeholder_user_ids_are_skipped_and_counted(tmp_path):
         load_table(p, user_column="author", text_column="body", placeholder_users="drop")
 
 
+@pytest.mark.parametrize("unit", ["row", "sentence"])
+def test_deleted_and_removed_post_texts_are_skipped_and_counted(tmp_path, unit):
+    bodies = ["[removed]", SENTENCES[0], " [Deleted] ", "", SENTENCES[1], "[removed] because spam"]
+    p = jsonl(tmp_path / "reddit.jsonl", [{"author": a, "body": b} for a, b in zip(["ada", "ada", "bob", "bob", "bob", "cy"], bodies)])
+    c = load_table(p, user_column="author", text_column="body", unit=unit)
+    assert c.num_examples == 3 and c.user_ids == ("ada", "bob", "cy")  # a post that says more than the placeholder is text
+    note = notes(c)
+    assert "2 rows of reddit.jsonl hold a deleted or removed post's placeholder text and were skipped: '[removed]' (1), '[Deleted]' (1)" in note
+    assert "1 rows of reddit.jsonl have an empty text and were skipped" in note
+
+
 def test_ids_differing_in_whitespace_or_unicode_form_are_one_user(tmp_path):
     nfd = unicodedata.normalize("NFD", "alíce")
     assert nfd != "alíce"
