@@ -128,7 +128,7 @@ OPTION_RANGES: dict[str, _Range] = {
     "--delta": _Range(0, 1, low_open=True, high_open=True),
     "--epsilon": _Range(0, low_open=True),
     "--target-epsilon": _Range(0, low_open=True),
-    "--epochs": _Range(0, low_open=True, why="steps = ceil(epochs * N / B)"),
+    "--epochs": _Range(0, low_open=True, why="steps = ceil(epochs * ceil(N / B))"),
     "--bands": _Range(1, 10**6, integer=True),
     "--buffers": _Range(1, 10, integer=True),
     "--max-participations": _Range(1, MAX_STEPS, integer=True),
@@ -220,6 +220,8 @@ def _strategy_extra(ev: GaussianSteps | CorrelatedSteps | AmplifiedBandMF, mf: _
 
 
 def _event(event: Event, z: float, population: int, batch: Optional[float], steps: int, shards: int, micro_steps: int, unit: str, mf: _MF = _MF()) -> GaussianSteps | CorrelatedSteps | AmplifiedBandMF:
+    if unit not in ("example", "user"):
+        raise PrivacyParameterError(f"--unit: example or user, got {unit!r}")
     if event in _CORRELATED_EVENTS:
         return _correlated_event(event, z, population, batch, steps, shards, micro_steps, mf, unit)
     if any(v is not None for v in mf.options().values()) or mf.sampling != "cyclic" or mf.coefficients != "fixed":
@@ -230,7 +232,8 @@ def _event(event: Event, z: float, population: int, batch: Optional[float], step
         return GaussianSteps("none", z, population, population, steps, unit, shards, micro_steps)  # type: ignore[arg-type]
     if batch is None:
         raise PrivacyParameterError("--batch is required for a sampled event (B examples, or m users per round)")
-    sampling, unit = _EVENTS[event]
+    sampling, event_unit = _EVENTS[event]
+    unit = unit if event_unit == "example" else "user"  # DP-SGD: --unit (user: user-level DP-SGD); DP-FedAvg: always the user
     return GaussianSteps(sampling, z, population, batch, steps, unit, shards, micro_steps)  # type: ignore[arg-type]
 
 
@@ -273,7 +276,7 @@ _B = typer.Option(None, "--batch", "-B", help="B: batch size (expected, under Po
 _T = typer.Option(..., "--steps", help="Steps (DP-SGD) or rounds (DP-FedAvg).")
 _P = typer.Option(1, "--shards", min=1, help="P: shards that each add their own noise (Hoory et al. 2021, eq. 3).")
 _MT = typer.Option(1, "--micro-steps", min=1, help="T: accumulation micro-steps that each add their own noise.")
-_U = typer.Option("example", "--unit", help="example or user (for no-sampling).")
+_U = typer.Option("example", "--unit", help="example or user: the unit of a DP-SGD or no-sampling event (user: user-level DP-SGD); DP-FedAvg events are per user.")
 _EV = typer.Option(..., "--event", "-e", help=EVENT_HELP)
 _ACC = typer.Option(Accountant.all, "--accountant", help="rdp, pld, or all available.")
 _JSON = typer.Option(False, "--json", help="Print JSON.")
@@ -334,6 +337,11 @@ def epsilon_cmd(
     for acc in _accountants(ev, accountant):
         ans = epsilon_for(ev, delta, acc) if delta is not None else delta_for(ev, epsilon, acc)  # type: ignore[arg-type]
         answers.append(ans.to_json())
+    if epsilon is not None:  # the delta answered: at least 1/N promises nothing, said as for an asked delta
+        from fedpriv.privacy.delta import answered_delta_note
+
+        said = answered_delta_note(min(a["delta"] for a in answers), population, _population_unit(event, unit), epsilon)
+        note = {"note": said} if said else {}
     _print_answers(answers, as_json, {"event": event.value, **_strategy_extra(ev, mf), **note})
 
 
@@ -381,7 +389,7 @@ def batch_sweep_cmd(
     steps: int = _T,
     batches: str = typer.Option(..., "--batches", help="Comma-separated batch sizes to compare."),
     delta: float = typer.Option(..., "--delta", help="Answer epsilon at this delta."),
-    epochs: Optional[float] = typer.Option(None, "--epochs", help="Keep epochs fixed (steps = epochs*N/B) instead of steps."),
+    epochs: Optional[float] = typer.Option(None, "--epochs", help="Keep epochs fixed (steps = ceil(epochs * ceil(N/B)), as a central run with training.epochs counts them) instead of steps."),
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="rdp or pld."),
     as_json: bool = _JSON,
     allow_large_delta: bool = _ALLOW,

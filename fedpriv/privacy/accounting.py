@@ -524,7 +524,10 @@ def calibrate_noise_multiplier(
 
     if accountant == "pld":  # PLD is never above RDP (tests/privacy), so RDP's sigma reaches the target
         hi, _ = calibrate_noise_multiplier(template, target_epsilon, delta, "rdp", rel_tol)
-        at_rdp = eps(hi)
+        try:
+            at_rdp = epsilon_for(replace(template, noise_multiplier=hi), delta, "pld").epsilon
+        except PLDTooCostly as e:  # the PLD's cost bound, not its epsilon, refuses RDP's sigma
+            raise PrivacyParameterError(f"calibrating with PLD starts from the RDP-calibrated noise multiplier {hi:.6g}: {e}") from None
         _check(at_rdp <= target_epsilon, f"the PLD epsilon {at_rdp:.6g} at the RDP-calibrated noise multiplier {hi:.6g} is above the target {target_epsilon}; use accountant = 'rdp'")
         lo = hi / 2
         while eps(lo) <= target_epsilon:
@@ -605,7 +608,8 @@ def batch_size_sweep(
 ) -> list[dict]:
     """For choosing B under a budget: scale sigma with sqrt(B) from the template,
     sigma_B = sigma_0 * sqrt(B / B_0), and report epsilon for each B. With ``epochs`` the number of
-    steps follows B (steps = ceil(epochs * N / B)); otherwise it stays the template's."""
+    steps follows B as a central run counts them (steps = ceil(epochs * ceil(N / B)),
+    :func:`fedpriv.central.sgd.total_steps`); otherwise it stays the template's."""
     check_delta(delta)
     _check(epochs is None or (isinstance(epochs, (int, float)) and math.isfinite(epochs) and epochs > 0), f"epochs must be > 0 (finite), got {epochs}")
     rows = []
@@ -614,7 +618,7 @@ def batch_size_sweep(
         sigma = template.noise_multiplier * math.sqrt(b / template.batch)
         if epochs is not None:
             _check(math.isfinite(epochs * template.population / b), f"epochs * N / B = {epochs:g} * {template.population} / {b:g} steps overflows")
-        steps = template.steps if epochs is None else max(1, math.ceil(epochs * template.population / b))
+        steps = template.steps if epochs is None else max(1, math.ceil(epochs * math.ceil(template.population / b)))
         ev = replace(template, batch=b, noise_multiplier=sigma, steps=steps)
         ans = epsilon_for(ev, delta, accountant)
         rows.append({"batch": b, "noise_multiplier": sigma, "steps": steps, "epsilon": ans.epsilon, "answer": ans.to_json()})

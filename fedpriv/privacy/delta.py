@@ -32,6 +32,14 @@ def large_delta_note(key: str, delta: float, n: int, unit: str) -> str:
             f"publishing one {unit}'s data in the clear; it is no privacy guarantee for any one {unit}")
 
 
+def answered_delta_note(delta: float, n: int, unit: str, epsilon: float) -> str | None:
+    """What a delta the accountant answered for ``epsilon`` means when it is at least 1/n (None below)."""
+    if n <= 0 or delta < 1.0 / n:
+        return None
+    return (f"delta = {delta:.3g} >= 1/N = {1.0 / n:.3g} (N = {n} {unit}s): at epsilon {epsilon:g} this mechanism does not rule out "
+            f"publishing one {unit}'s data in the clear; it is no privacy guarantee for any one {unit}")
+
+
 def _suggest(n: int) -> float:
     """A delta well below 1/n: the power of ten at or below 1/(10 n)."""
     import math

@@ -142,13 +142,17 @@ def compose(stages: Sequence[Stage], source: str) -> dict[str, Any]:
 
 def across_units(on: Sequence[Stage]) -> str:
     """Why stages of different privacy units get no single epsilon: each stage's own guarantee
-    and, where every user-level stage bounds each user's examples by k, the example-level stages
-    read per user by group privacy, with the numbers (basic composition of the user-level figures)."""
+    and, where every user-level stage bounds each user's examples by k and every example-level
+    stage is add-or-remove-one example, the example-level stages read per user by group privacy,
+    with the numbers (basic composition of the user-level figures)."""
     each = "; ".join(f"{st.what} ({st.run}): {st.unit or 'unit not recorded'}-level (ε = {st.epsilon:.4g}, δ = {st.delta:.3g})" for st in on)
     out = f"its stages protect different units and are not added into one figure ({each})"
     users = [st for st in on if st.unit == "user"]
     examples = [st for st in on if st.unit == "example"]
     bounds = {st.examples_per_user for st in users}
+    other = next((st for st in examples if not st.composable), None)
+    if other is not None:  # group privacy over k examples needs add-or-remove-one example (a replace-one epsilon holds N fixed)
+        return out + f"; no per-user figure: {other.what} ({other.run}) is not an add-or-remove-one example guarantee"
     if users and examples and len(users) + len(examples) == len(on) and len(bounds) == 1 and None not in bounds:
         k = bounds.pop()
         per_user = [group_privacy(st.epsilon, st.delta, k) for st in examples]

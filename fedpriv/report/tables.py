@@ -244,7 +244,8 @@ def not_covered(summary: Mapping[str, Any], public_vocabulary: bool = False) -> 
     if summary.get("privacy_unit") in ("example", "example (client-side)"):
         filters = [f"data.{k} = {summary[k]}" for k in ("max_examples_per_user", "min_examples") if summary.get(k) is not None]
         if filters:
-            out.append(f"ε is about the filtered data ({', '.join(filters)} is not 1-stable per example; the guarantee gives the raw-data figure)")
+            said = "says why it gives no raw-data figure" if "no raw-data figure" in str(summary.get("guarantee") or "") else "gives the raw-data figure"
+            out.append(f"ε is about the filtered data ({', '.join(filters)} is not 1-stable per example; the guarantee {said})")
     if summary.get("private_stats_logged"):
         out.append("private statistics logged (--log-private-stats)")
     if summary.get("epsilon_ex_post"):  # report/stopping.py could not recompute a stored run's promise
@@ -275,6 +276,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
         epsilon, delta, assumptions = privacy_columns(s)
         if has_public_split(run) and assumptions:
             assumptions = PRE_PUBLIC_VOCAB_NOTE.sub(PUBLIC_VOCAB_NOTE, assumptions)
+        assumptions = DATA_FACTS_CLAUSE.sub("", assumptions)  # said once for every private run, in "What ε does not count"
         privacy_unit = s.get("privacy_unit")
         inherited = chain_privacy(run["name"], summaries)  # a run that starts from earlier runs carries their privacy
         if inherited is not None:
@@ -592,6 +594,9 @@ def epsilon_curves(events: Sequence[GaussianSteps], delta: float, accountant: st
 #: record named the public users (the vocabulary was learned from the public split all along).
 PRE_PUBLIC_VOCAB_NOTE = re.compile(r"the vocabulary of the \d+ most frequent training words is not private \(raw counts of the training users; vocab\.dp makes it a DP stage\)")
 PUBLIC_VOCAB_NOTE = "the vocabulary is learned from the public split only (no private user's counts)"
+#: The guarantee's data-facts clause (``training.coverage.DATA_FACTS_NOTE``, and its shorter form in runs stored before
+#: 2026-11-29): the report's "What ε does not count" says it once for every private run, so rows stored before and after it read alike.
+DATA_FACTS_CLAUSE = re.compile(r"; not covered either: .*?; release the model without them")
 
 
 def has_public_split(run: Mapping[str, Any]) -> bool:

@@ -152,8 +152,9 @@ def train_summary(prepared: Prepared, kind: str, run_dir: str | os.PathLike[str]
     """``fedpriv train``'s summary of a run it just trained: the data's facts
     (:meth:`~fedpriv.training.prepared.Prepared.summary`), then the run's from
     :func:`run_summary` (final evaluation as ``final_*``, epsilon with its guarantee), whether it
-    stopped early, and for central next-word prediction the held-out unigram perplexity (a
-    baseline any trained model should beat)."""
+    stopped early, and for central next-word prediction without DP the held-out unigram
+    perplexity (a baseline any trained model should beat; it is an exact function of the training
+    words' counts, so a DP run leaves it out)."""
     c = prepared.config
     rs = run_summary(c.name, kind, c, run_dir, engine=engine)
     out: dict[str, Any] = {**prepared.summary(), "run_dir": str(run_dir)}
@@ -165,7 +166,7 @@ def train_summary(prepared: Prepared, kind: str, run_dir: str | os.PathLike[str]
     out.update({k: rs[k] for k in ("epsilon", "delta", "guarantee", "epsilon_spent", "promised_steps", "client_epsilon", "client_delta", "client_guarantee") if k in rs})
     if result.stopped:
         out["stopped"] = result.stopped
-    if kind == "central" and c.task.kind == "nwp" and prepared.eval_arrays:
+    if kind == "central" and c.task.kind == "nwp" and prepared.eval_arrays and c.privacy is None:
         name = next(iter(prepared.eval_arrays))
         out[f"{name}_unigram_perplexity"] = unigram_perplexity(prepared.train_arrays["ids"], prepared.eval_arrays[name]["ids"], len(prepared.task.vocab))
     return out

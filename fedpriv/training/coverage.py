@@ -12,9 +12,15 @@ data. Three things around it are stated in the guarantee string of every train r
   for the cap (an example early in a user's list pushes the N-th out), k = min(m, N) for a minimum
   of m (a user crossing the threshold brings or takes all its kept examples). The epsilon printed
   is with respect to the filtered dataset; on the raw data the example-level guarantee is the
-  group guarantee over k examples (:func:`fedpriv.privacy.group.group_privacy`), with its numbers.
+  group guarantee over k examples (:func:`fedpriv.privacy.group.group_privacy`), with its numbers,
+  for an add-or-remove-one epsilon with Gaussian noise only: a replace-one epsilon (fixed-size
+  batches) holds N fixed, which a filter does not, and a correlated-noise schedule is by record
+  index, so those guarantees say why they give no raw-data figure.
   Both filters act per user, so a user-level guarantee is unaffected (k = 1);
-* **private statistics** logged on request (``--log-private-stats``): they are outside epsilon.
+* **private statistics** logged on request (``--log-private-stats``): they are outside epsilon;
+* **a warm start** (``[init] from``) from a run trained on the private users (not a run on the
+  public split, ``data.train_on = "public"``): that run's privacy is not composed here
+  (:func:`warm_start_note`).
 """
 
 from __future__ import annotations
@@ -23,16 +29,25 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedpriv.config import DataConfig, ExperimentConfig
+from fedpriv.errors import FedprivError
 from fedpriv.privacy.group import group_privacy
+from fedpriv.rundir import RunDir
 
 #: The statement a run that logs private statistics carries (``training.log_private_stats``).
 PRIVATE_STATS_WARNING = ("private statistics logged (--log-private-stats): the train rows hold the realized batch or cohort size, example "
                          "counts, delta norms and the unnoised loss, which epsilon does not cover; do not publish metrics.jsonl")
 #: Said by every DP guarantee: what a run writes beside its model that no epsilon covers (docs/privacy.md).
 DATA_FACTS_NOTE = ("not covered either: data.json and the summary's data notes and vocabulary counts (examples cut, words dropped, "
-                   "pieces per word) and each round's wall time, exact statistics of the training data; release the model without them")
+                   "pieces per word), each round's wall time, and the memorization audit's files (canaries.json names each canary's "
+                   "sharers with the examples it replaced, all of them when p_e = 1; audit.json scores the model on chosen training "
+                   "examples), exact statistics of the training data; release the model without them")
 
 
+#: Why an example-level guarantee over filtered data gives no raw-data figure by group privacy.
+NO_RAW_FIGURE_CORRELATED = ("under the correlated-noise mechanism's cyclic schedule a filter can move records between the fixed groups "
+                            "(or change N, and with it the schedule), which its zero-out-one epsilon does not cover")
+NO_RAW_FIGURE_REPLACE_ONE = ("fixed-size batches give a replace-one epsilon, which holds N fixed, and adding or removing a raw example "
+                             "can change N after the filters; no group of replacements covers that")
 #: ``vocabulary_record["users"]`` of a vocabulary learned from the public split (``data.public_fraction``).
 PUBLIC_VOCAB_USERS = "public users"
 
@@ -55,6 +70,22 @@ def vocabulary_note(record: dict[str, Any] | None, cfg: ExperimentConfig) -> str
         tags = " (and the tag set)" if cfg.task.kind == "ner" else ""
         return f"the vocabulary of the {n} most frequent training words{tags} is not private (raw counts of the training users; vocab.dp makes it a DP stage)"
     return f"the vocabulary ({n} tokens, learned from the raw word counts of {record.get('users', 'the training users')}) is not private"
+
+
+def warm_start_note(cfg: ExperimentConfig) -> str | None:
+    """What the guarantee says of the run's warm start: None without one or when the run it starts
+    from saw only public data (``data.train_on = "public"``: no privacy cost)."""
+    if cfg.init is None:
+        return None
+    where = cfg.init.from_
+    try:
+        theirs = RunDir(where).experiment_config().data
+    except FedprivError:  # unreadable: the warm start itself refuses it before training
+        theirs = None
+    if theirs is not None and theirs.train_on == "public":
+        return None
+    trained_on = "the private users" if theirs is None or str(theirs.source) == str(cfg.data.source) else f"{theirs.source}"
+    return f"the parameters start from run {where} ([init] from), trained on {trained_on}: that run's privacy is not included in this epsilon"
 
 
 def filter_group(data: DataConfig) -> tuple[int, str]:
@@ -80,16 +111,15 @@ class Coverage:
     notes: tuple[str, ...] = ()
     group_size: int = 1
     group_why: str = ""
-    raw_figure: bool = True  # False under a correlated-noise mechanism (its schedule is by record index)
+    no_raw_figure: str = ""  # why no raw-data figure is given ('' = give it): see :func:`coverage`
 
     def statement(self, epsilon: float | None, delta: float | None) -> str:
         """The text after the guarantee ('' when there is nothing to add)."""
         parts = list(self.notes)
         if self.group_size > 1:
             text = f"epsilon is with respect to the filtered training data: {self.group_why}"
-            if not self.raw_figure:
-                text += ("; no raw-data figure is given: under the correlated-noise mechanism's cyclic schedule a filter can move "
-                         "records between the fixed groups (or change N, and with it the schedule), which its zero-out-one epsilon does not cover")
+            if self.no_raw_figure:
+                text += f"; no raw-data figure is given: {self.no_raw_figure}"
             elif epsilon is not None and delta is not None:
                 ek, dk = group_privacy(epsilon, delta, self.group_size)
                 text += (f"; on the raw data, adding or removing one example changes up to {self.group_size} training examples, so by group "
@@ -101,10 +131,15 @@ class Coverage:
 def coverage(cfg: ExperimentConfig, task: Any, unit: str, log_private_stats: bool = False) -> Coverage:
     """What the guarantee of ``unit`` (``example`` or ``user``) of a run of ``cfg`` with ``task``
     must add (see the module docstring)."""
-    notes = [n for n in (vocabulary_note(getattr(task, "vocabulary_record", None), cfg),) if n]
+    notes = [n for n in (vocabulary_note(getattr(task, "vocabulary_record", None), cfg), warm_start_note(cfg)) if n]
     if log_private_stats:
         notes.append(PRIVATE_STATS_WARNING)
     notes.append(DATA_FACTS_NOTE)
     k, why = filter_group(cfg.data) if unit == "example" else (1, "")
-    correlated = cfg.privacy is not None and cfg.privacy.mechanism != "gaussian"
-    return Coverage(tuple(notes), k, why, raw_figure=not correlated)
+    p = cfg.privacy
+    no_raw = ""
+    if p is not None and p.mechanism != "gaussian":
+        no_raw = NO_RAW_FIGURE_CORRELATED
+    elif p is not None and p.sampling == "fixed":
+        no_raw = NO_RAW_FIGURE_REPLACE_ONE
+    return Coverage(tuple(notes), k, why, no_raw_figure=no_raw)

@@ -136,6 +136,7 @@ def test_killed_cli_run_resumes_to_the_same_result(tmp_path, capsys):
     assert 100 <= killed_at < 400, killed_at
     again = subprocess.run([*cmd, "--out", str(run)], capture_output=True, text=True, check=True)
     assert json.loads(again.stdout)["final_perplexity"] == json.loads(full)["final_perplexity"]
+    assert [k for k in json.loads(full) if k.endswith("unigram_perplexity")]  # the baseline, printed for a run without DP
     assert (run / "metrics.jsonl").read_text() == (tmp_path / "full" / "metrics.jsonl").read_text()
     assert (run / "params.msgpack").read_bytes() == (tmp_path / "full" / "params.msgpack").read_bytes()
 

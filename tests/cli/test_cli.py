@@ -208,6 +208,8 @@ def test_log_private_stats_flag_logs_the_unnoised_loss_and_says_so(tmp_path, cap
         rows[out] = [json.loads(line) for line in (tmp_path / out / "metrics.jsonl").read_text().splitlines() if '"train"' in line][-1]
         assert ("private statistics logged" in summary["guarantee"]) == bool(flag)
         assert "data.max_examples_per_user = 4" in summary["guarantee"]  # epsilon is about the filtered data (example level)
+        assert "the memorization audit's files (canaries.json" in summary["guarantee"]  # exact statistics of the training data
+        assert not [k for k in summary if k.endswith("unigram_perplexity")]  # an exact function of the training words' counts
     assert "loss" not in rows["quiet"] and rows["quiet"]["noised_update_norm"] > 0
     assert rows["logged"]["loss"] > 0 and rows["logged"]["epsilon"] == rows["quiet"]["epsilon"]
 

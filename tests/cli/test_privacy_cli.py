@@ -40,6 +40,31 @@ def test_delta_for_epsilon_and_sharding(capsys):
     assert a["effective_noise_multiplier"] == pytest.approx(4.0)
 
 
+def test_an_answered_delta_at_least_one_over_n_is_said_to_promise_nothing(capsys):
+    """An asked delta >= 1/N is refused; an answered one (--epsilon) is printed with what it means."""
+    argv = ["privacy", "epsilon", "-e", "dpfedavg-fixed", "-z", "0.7", "-N", "100000", "-B", "1000", "--steps", "1", "--json", "--accountant", "rdp"]
+    assert main([*argv, "--epsilon", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    d = out["answers"][0]["delta"]
+    assert d > 1e-5 and out["note"] == (f"delta = {d:.3g} >= 1/N = 1e-05 (N = 100000 users): at epsilon 0.5 this mechanism does not rule out "
+                                        "publishing one user's data in the clear; it is no privacy guarantee for any one user")
+    assert main([*argv, "--epsilon", "20"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["answers"][0]["delta"] < 1e-5 and "note" not in out
+
+
+@pytest.mark.parametrize("event, unit, expected", [("dpsgd-poisson", "user", "user"), ("dpsgd-fixed", "user", "user"), ("dpsgd-poisson", "example", "example"),
+                                                    ("dpfedavg-poisson", "example", "user"), ("dpfedavg-fixed", "example", "user")])
+def test_unit_is_honoured_for_dp_sgd_events_and_is_the_user_for_dp_fedavg(capsys, event, unit, expected):
+    assert main(["privacy", "epsilon", "-e", event, "-z", "1", "-N", "1000", "-B", "10", "--steps", "10", "--delta", "1e-5", "--unit", unit, "--json", "--accountant", "rdp"]) == 0
+    assert json.loads(capsys.readouterr().out)["answers"][0]["unit"] == expected
+
+
+def test_an_unknown_unit_is_refused(capsys):
+    assert main(["privacy", "epsilon", "-e", "dpsgd-poisson", "-z", "1", "-N", "1000", "-B", "10", "--steps", "10", "--delta", "1e-5", "--unit", "banana"]) == 2
+    assert "--unit: example or user, got 'banana'" in capsys.readouterr().err
+
+
 def test_calibrate_and_sweep(capsys):
     assert main(["privacy", "calibrate", "-e", "dpsgd-poisson", "--target-epsilon", "2", "--delta", "1e-5", "-N", "60000", "-B", "256", "--steps", "1000", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
@@ -87,9 +112,9 @@ CALIBRATE = ["privacy", "calibrate", "-e", "dpsgd-poisson", "-N", "1000", "-B", 
         ([*EPSILON, "-z", "nan", "--delta", "1e-5"], "--noise-multiplier must be a finite number in [0.001, 1e+06]"),
         ([*EPSILON, "-z", "1", "--epsilon", "inf"], "--epsilon must be a finite number > 0, got inf"),
         ([*EPSILON, "-z", "1", "--delta", "1e-5", "--shards", "100000000000000000000"], "--shards must be an integer in [1, 1e+06], got 100000... (21 digits)"),
-        ([*SWEEP, "--batches", "10,20", "--epochs", "inf"], "--epochs must be a finite number > 0 (steps = ceil(epochs * N / B)), got inf"),  # OverflowError
+        ([*SWEEP, "--batches", "10,20", "--epochs", "inf"], "--epochs must be a finite number > 0 (steps = ceil(epochs * ceil(N / B))), got inf"),  # OverflowError
         ([*SWEEP, "--batches", "10,20", "--epochs", "nan"], "--epochs must be a finite number > 0"),  # ValueError
-        ([*SWEEP, "--batches", "10,20", "--epochs", "0"], "--epochs must be a finite number > 0 (steps = ceil(epochs * N / B)), got 0"),  # printed "steps 1", exit 0
+        ([*SWEEP, "--batches", "10,20", "--epochs", "0"], "--epochs must be a finite number > 0 (steps = ceil(epochs * ceil(N / B))), got 0"),  # printed "steps 1", exit 0
         ([*SWEEP, "--batches", "10,20", "--epochs", "-1"], "--epochs must be a finite number > 0"),
         ([*SWEEP, "--batches", "10,nan"], "--batches must be a finite number > 0, got nan"),
         ([*SWEEP, "--batches", "10,1e-310", "--epochs", "1"], "epochs * N / B = 1 * 1000 / 1e-310 steps overflows"),  # OverflowError

@@ -155,7 +155,11 @@ def test_calibration_reaches_the_target_tightly():
 def test_batch_sweep_scales_sigma_with_sqrt_b():
     rows = batch_size_sweep(GaussianSteps("poisson", 1.0, 100_000, 256, 1000), [256, 1024, 4096], 1e-5, epochs=3)
     assert [r["noise_multiplier"] for r in rows] == pytest.approx([1.0, 2.0, 4.0])
-    assert [r["steps"] for r in rows] == [math.ceil(3 * 100_000 / b) for b in (256, 1024, 4096)]
+    from fedpriv.central.sgd import total_steps
+    from fedpriv.config import TrainingConfig
+
+    # the steps a central run with training.epochs = 3 takes (1173 at B = 256, not ceil(3 N / B) = 1172)
+    assert [r["steps"] for r in rows] == [total_steps(TrainingConfig(epochs=3, batch_size=b), 100_000) for b in (256, 1024, 4096)] == [1173, 294, 75]
     for r in rows:
         direct = epsilon_for(GaussianSteps("poisson", r["noise_multiplier"], 100_000, r["batch"], r["steps"]), 1e-5).epsilon
         assert r["epsilon"] == pytest.approx(direct, rel=1e-12)
@@ -270,6 +274,14 @@ def test_pld_calibration_checks_epsilon_pld_at_the_chosen_sigma(monkeypatch):
     monkeypatch.setattr(acc, "epsilon_for", pld_above_rdp)
     with pytest.raises(PrivacyParameterError, match="PLD epsilon .* at the RDP-calibrated noise multiplier .* is above the target 2.0"):
         calibrate_noise_multiplier(template, 2.0, 1e-5, "pld")
+
+
+def test_pld_calibration_says_when_plds_cost_bound_refuses_rdps_sigma():
+    """RDP's sigma 0.2747 (epsilon 20 at delta 1e-8, q = 0.01, one round) is below the PLD's cost
+    bound: the refusal names that bound, not an epsilon (dp_accounting's PLD there is 18.7, below the target)."""
+    template = GaussianSteps("poisson", 1.0, 100_000, 1000, 1, unit="user")
+    with pytest.raises(PrivacyParameterError, match=r"RDP-calibrated noise multiplier 0.2747\d*: the PLD accountant is bounded to noise multipliers >= 0.3"):
+        calibrate_noise_multiplier(template, 20.0, 1e-8, "pld")
 
 
 def test_rdp_answers_are_dp_accountings_to_the_bit_and_remembered_per_event():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -44,6 +45,18 @@ def test_across_units_with_a_per_user_bound_states_the_group_privacy_conversion(
     e4, d4 = group_privacy(0.5, 1e-6, 4)
     assert (e4, d4) == (2.0, pytest.approx(1e-6 * (1 + math.exp(0.5) + math.exp(1.0) + math.exp(1.5))))
     assert f"({e4:.4g}, {d4:.3g}) per user" in c["why"] and f"({e4 + 1.0:.4g}, {d4 + 1e-6:.3g}) per user" in c["why"]
+
+
+def test_a_replace_one_example_stage_is_not_read_per_user():
+    """Group privacy over k examples turns add-or-remove-one example into one user of at most k
+    examples; a replace-one example-level stage (fixed-size batches: N fixed) gets no per-user figure."""
+    from fedpriv.report.chain import Stage, across_units
+
+    fixed = Stage("a", "nwp", "shakespeare", 2.0, 1e-6, "replace-one example", False, "example")
+    user = Stage("b", "nwp", "shakespeare", 3.0, 1e-6, "user-level", False, "user", 4)
+    why = compose([fixed, user], "shakespeare")["why"]
+    assert "no per-user figure: nwp (a) is not an add-or-remove-one example guarantee" in why and "per user of at most" not in why
+    assert "per user of at most k = 4" in across_units([dataclasses.replace(fixed, composable=True), user])  # the same stage, add-or-remove-one
 
 
 def test_group_privacy_matches_the_chain_argument_and_vadhans_bound():

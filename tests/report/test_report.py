@@ -635,6 +635,19 @@ def test_a_run_with_a_public_split_is_not_said_to_have_a_private_vocabulary():
     assert PRE_PUBLIC_VOCAB_NOTE.sub(PUBLIC_VOCAB_NOTE, old) == f"epsilon = 7 at delta = 1e-05 (RDP); {PUBLIC_VOCAB_NOTE}; simulation"
 
 
+def test_the_data_facts_clause_is_said_once_in_the_section_not_in_each_row():
+    """Runs stored before the clause (or with its shorter 2026-11-28 form) and after it read alike."""
+    from fedpriv.training.coverage import DATA_FACTS_NOTE
+    old = ("not covered either: data.json and the summary's data notes and vocabulary counts (examples cut, words dropped, pieces per word) "
+           "and each round's wall time, exact statistics of the training data; release the model without them")
+    base = "epsilon = 2 at delta = 1e-05 (PLD); user-level, add-or-remove-one user"
+    tail = "; simulation: the noise is reproducible from the run's seed"
+    runs = [{"name": n, "kind": "federated"} for n in ("new", "old", "none")]
+    summaries = {n: _synthetic_summary(n, "federated", epsilon=2.0, delta=1e-5, guarantee=g)
+                 for n, g in (("new", f"{base}; {DATA_FACTS_NOTE}{tail}"), ("old", f"{base}; {old}{tail}"), ("none", base + tail))}
+    assert [r["assumptions"] for r in comparison_rows(runs, summaries)] == [base + tail] * 3
+
+
 def test_what_no_epsilon_counts_is_listed_beside_the_private_rows():
     """The validation users (the stop, the target, the tuning), the ex-post epsilon of a run that
     stopped early, each tuning choice, the test users and the experiment's own declared choices."""
@@ -653,7 +666,14 @@ def test_what_no_epsilon_counts_is_listed_beside_the_private_rows():
     assert "dp: 6.4 of 8" in text and "ex-post" in text
     assert "`federated.server_learning_rate` = 0.003 was chosen among 2 candidates" in text
     assert "The test users." in text and "**Declared by the experiment.** The model size was chosen on the validation users." in text
+    assert "**What the runs write beside their models.**" in text and "`canaries.json` names each canary's sharers" in text
     assert uncounted_lines({"sgd": summaries["sgd"]}, {}, ["x"]) == []  # no private run: no epsilon to qualify
+    # without a target or tuning, validation users evaluated are still named; an audited run names the audit's files
+    plain = {"dp": _synthetic_summary("dp", "central", epsilon=2.0, delta=1e-5, validation_accuracy=0.1)}
+    assert "**The validation users.** Their utility and perplexity are printed without noise." in "\n".join(uncounted_lines(plain, {}, []))
+    unaudited = {"dp": _synthetic_summary("dp", "central", epsilon=2.0, delta=1e-5, audit=None)}
+    text = "\n".join(uncounted_lines(unaudited, {}, []))
+    assert "validation users" not in text and "canaries.json" not in text and "**What the runs write beside their models.**" in text
 
 
 def test_an_experiments_uncounted_choices_reach_its_report(store, tmp_path):

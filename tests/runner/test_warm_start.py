@@ -170,6 +170,24 @@ def test_the_warm_start_refuses_another_model_or_vocabulary_before_training(stor
 
 
 @pytest.mark.slow
+def test_the_guarantee_names_a_warm_start_from_a_run_on_the_private_users(store):
+    """A DP run that starts from the public model owes nothing to it; one that starts from a run on
+    the private users (here central SGD without DP) says so in its guarantee, not only in the report."""
+    from fedpriv.training.coverage import coverage, warm_start_note
+
+    dp = {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5}
+    public = validate_config({**_config().model_dump(by_alias=True), "privacy": dp, "init": {"from": str(store / "public")}})
+    assert warm_start_note(public) is None and warm_start_note(_config()) is None
+    private = public.model_copy(update={"init": public.init.model_copy(update={"from_": str(store / "sgd-warm")})})
+    note = warm_start_note(private)
+    assert note == (f"the parameters start from run {store / 'sgd-warm'} ([init] from), trained on the private users: "
+                    "that run's privacy is not included in this epsilon")
+    assert note in coverage(private, None, "example").statement(1.0, 1e-5)
+    other = private.model_copy(update={"data": private.data.model_copy(update={"source": "shakespeare"})})
+    assert "trained on synthetic:users=60,examples=1200:" in warm_start_note(other)  # a run on another corpus is named by its source
+
+
+@pytest.mark.slow
 def test_a_target_above_a_run_is_its_final_validation_utility_plus_the_margin(store, tmp_path):
     from fedpriv.config import UtilityConfig
     from fedpriv.training.warmstart import utility_target

@@ -75,4 +75,17 @@ def test_a_correlated_noise_run_gives_no_raw_data_figure():
     blt = coverage(validate_config({**raw, "privacy": {**raw["privacy"], "mechanism": "blt"}}), None, "example").statement(1.0, 1e-6)
     assert "by group privacy" in gaussian and "no raw-data figure" not in gaussian
     assert "epsilon is with respect to the filtered training data" in blt
-    assert "no raw-data figure is given" in blt and "by group privacy" not in blt
+    assert "no raw-data figure is given: under the correlated-noise mechanism's cyclic schedule" in blt and "by group privacy" not in blt
+
+
+def test_a_replace_one_guarantee_gives_no_raw_data_figure():
+    """Fixed-size batches give a replace-one epsilon (N fixed); a filter turns one added raw example into
+    a change of N, which no group of replacements covers, so no group-privacy figure is printed."""
+    from fedpriv.config import validate_config
+    from fedpriv.training.coverage import coverage
+
+    raw = {"name": "c", "data": {"source": "shakespeare", "min_examples": 5}, "task": {"kind": "nwp", "model": "tiny"},
+           "privacy": {"clip_norm": 1.0, "noise_multiplier": 2.0, "delta": 1e-6, "sampling": "fixed"}}
+    fixed = coverage(validate_config(raw), None, "example").statement(1.0, 1e-6)
+    assert "epsilon is with respect to the filtered training data: data.min_examples = 5" in fixed
+    assert "no raw-data figure is given: fixed-size batches give a replace-one epsilon" in fixed and "by group privacy" not in fixed
