@@ -375,7 +375,7 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
             if est is not None and key != "exposure":
                 est = est.scaled(float(n or 0))
             row[col if key == "exposure" else key] = est
-        row["exposure_max_bits"] = _mean([r.get("exposure_max_bits") for r in rows])
+        row["exposure_max_bits"] = _extreme(max, [r.get("exposure_max_bits") for r in rows])  # the largest of every seed's canaries
         utilities = [r.get("test_utility") for r in rows]
         row["test_utility"] = interval([[u] for u in utilities]) if all(u is not None for u in utilities) else None
         row["test_accuracy"] = _mean([r.get("test_accuracy") for r in rows])
@@ -386,7 +386,8 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
         spent = [r.get("epsilon") for r in rows]
         row["epsilon"], row["epsilon_min"] = (max(spent), min(spent)) if None not in spent else (None, None)
         kinds = {guarantee_kind(r) for r in rows}
-        row["empirical_epsilon"] = _mean([r.get("empirical_epsilon") for r in rows])
+        # each seed's figure is a 95% lower bound; the smallest still is one (a mean or the largest of several is not)
+        row["empirical_epsilon"] = _extreme(min, [r.get("empirical_epsilon") for r in rows])
         row["empirical_unit"] = first.get("empirical_unit")
         row["target"] = _target_text(rows)
         flags = [f"{r['run']}: {r['flag']}" if len(rows) > 1 else r["flag"] for r in rows if r.get("flag")]
@@ -416,6 +417,12 @@ def _mean(values: Sequence[Any]) -> float | None:
     return sum(vals) / len(vals) if vals and len(vals) == len(values) else None
 
 
+def _extreme(pick: Any, values: Sequence[Any]) -> float | None:
+    """``pick`` (min or max) of the seeds' values; None unless every seed has one."""
+    vals = [float(v) for v in values if v is not None]
+    return pick(vals) if vals and len(vals) == len(values) else None
+
+
 def group_csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """group_rows flattened for comparison.csv (each estimate as mean, low, high)."""
     out = []
@@ -430,12 +437,17 @@ def group_csv_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+#: A contrast's "at matched utility" when its runs had no ``[utility]`` target (their utilities are whatever they reached).
+NO_TARGET = "not checked: no utility target"
+
+
 def contrast_rows(contrasts: Sequence[Mapping[str, str]], run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Sequence[Mapping[str, Any]]], notes: list[str]) -> list[dict[str, Any]]:
     """Each declared contrast a - b: RS memorized (canaries), exposure (bits) and the headline
     utility (a fraction), paired by seed, with 95% bootstrap intervals. A contrast whose sides do
-    not share their seeds (or canary counts) is left out with a note. ``comparable`` is "yes", or
-    names the flagged runs (missed the utility target, did not learn) that make the difference
-    not a comparison at matched utility."""
+    not share their seeds (or canary counts) is left out with a note. ``comparable`` is "yes" (every
+    run of both sides stopped at its utility target), names the flagged runs (missed the target,
+    did not learn) that make the difference not a comparison at matched utility, or is
+    :data:`NO_TARGET` when a side's runs had no target to stop at."""
     by_group: dict[str, list[Mapping[str, Any]]] = {}
     for r in run_rows:
         by_group.setdefault(r["group"], []).append(r)
@@ -452,7 +464,13 @@ def contrast_rows(contrasts: Sequence[Mapping[str, str]], run_rows: Sequence[Map
             continue
         ra, rb = [seeds_a[s] for s in common], [seeds_b[s] for s in common]
         flagged = [r["run"] for r in ra + rb if r.get("flag")]
-        comparable = f"no: {', '.join(flagged)} flagged" if flagged else "yes"
+        untargeted = [r["run"] for r in ra + rb if r.get("target_metric") is None]
+        if flagged:
+            comparable = f"no: {', '.join(flagged)} flagged"
+        elif untargeted:  # nothing stopped the runs at one utility: their utilities may differ
+            comparable = NO_TARGET
+        else:
+            comparable = "yes"
         n = ra[0].get("canaries") or 0
         quantities = [("RS memorized (canaries)", "rs_memorized", float(n)), ("exposure mean (bits)", "exposure", 1.0)]
         for label, key, scale in quantities:
@@ -687,7 +705,7 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
               f"test {label} (%)", "test accuracy (%)", "test perplexity", "utility target", "privacy unit", "ε (δ)", "flags", "assumptions"]
     empirical = any(r.get("empirical_epsilon") is not None for r in rows)
     if empirical:  # the attack's lower bound beside the accountant's upper bound, same δ and unit
-        header.insert(16, "empirical ε (95% lower bound)")
+        header.insert(16, "empirical ε (95% lower bound; with seeds, the smallest)")
     body = []
     for r in rows:
         n = r.get("canaries")
@@ -759,9 +777,12 @@ def introduction(name: str, settings: Mapping[str, Any], label: str = "utility")
         "**Exposure**, in bits, is log2 |R| − log2 rank of the canary among all possible suffixes R (Carlini et al. 2019; the rank is "
         "estimated from the sampled suffixes when R is large): a typical random suffix has about 1 bit, the maximum is log2 |R|. "
         "Memorization and exposure are means over seeds and canaries with a 95% bootstrap interval [low–high] (seeds, then canaries "
-        "within a seed, drawn with replacement); with one seed the interval covers the canaries only. "
+        "within a seed, drawn with replacement); with one seed the interval covers the canaries only. **Exposure max** is the largest "
+        "over every seed's canaries. "
         f"**Test {label}** is the headline utility, on the test users (never the validation users), mean over seeds with its interval "
-        "(none with one seed); accuracy and perplexity follow. "
+        "(none with one seed); accuracy and perplexity follow. With two seeds a bootstrap over seeds can only draw the two seeds' "
+        "values, so an interval over seeds (the utility's, and a contrast's utility difference) is their range, not a 95% interval: "
+        "it excludes 0 only when both seeds differ in the same direction. "
         "**Utility target**: with a `[utility]` target, each run stops at its first validation evaluation at or past it and is audited there; "
         "a row that missed it (or whose model predicts one class, or only <oov>/<eos>) is flagged and is not comparable. "
         "**Data**: for central runs IID means records shuffled and non-IID users in random order with their records contiguous; "
@@ -808,7 +829,8 @@ def comparison_markdown(
         lines += ["", "## Contrasts", "", "Differences a − b between run groups, paired by seed (and canary), with 95% bootstrap intervals; "
                   "an interval that contains 0 does not show a difference. A contrast with a flagged run on either side "
                   "(it missed the utility target, or did not learn) is not at matched utility: its memorization difference may only say "
-                  "that one side trained less.", ""]
+                  "that one side trained less. Without a utility target the runs are not matched at all (\"" + NO_TARGET + "\"): compare "
+                  "their utilities before their memorization.", ""]
         lines += contrast_table_lines(contrasts)
     lines += list(uncounted)  # what no ε counts (fedpriv.report.uncounted)
     if unfinished:

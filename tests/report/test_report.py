@@ -26,7 +26,7 @@ from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.report import plots
 from fedpriv.clients.privacy import EVERY_ROUND
 from fedpriv.report.stopping import client_promise, promised_summary
-from fedpriv.report.tables import DATA_FACTS_CLAUSE
+from fedpriv.report.tables import DATA_FACTS_CLAUSE, NO_TARGET
 from fedpriv.report.uncounted import uncounted_lines
 from fedpriv.rundir import LEDGER, RunDir
 from fedpriv.report.tables import (
@@ -539,8 +539,13 @@ def test_contrasts_are_paired_by_seed():
     assert by["RS memorized (canaries)"]["difference"] == pytest.approx(2.0)
     assert by["accuracy w/o OOV, EOS (points)"]["difference"] == pytest.approx(1.0)  # 20.5% - 19.5%
     assert all(r["seeds"] == 2 for r in rows) and notes == ["contrast 'x': nope has no finished run"]
-    assert all(r["comparable"] == "yes" for r in rows)
+    assert all(r["comparable"] == NO_TARGET for r in rows)  # these runs had no utility target: nothing matched their utilities
     assert contrast_table_lines(rows)[0].endswith("| seeds | at matched utility |")
+    target = {"metric": "accuracy_no_oov_no_eos", "value": 0.15, "split": "validation", "at": "round", "reached": True, "when": 10, "reached_value": 0.16}
+    for s in summaries.values():
+        s["target"] = target
+    rows = contrast_rows([{"name": "central vs federated", "a": "sgd", "b": "fedavg"}], comparison_rows(runs, summaries), canaries, [])
+    assert rows and all(r["comparable"] == "yes" for r in rows)  # every run stopped at its target
 
 
 def test_a_contrast_with_a_flagged_run_is_not_at_matched_utility():
