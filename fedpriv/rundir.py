@@ -477,14 +477,25 @@ class RunDir:
         with open(self.path / METRICS, "a", encoding="utf-8") as f:
             f.write(json.dumps(row) + "\n")
 
-    def truncate_metrics(self, step: int) -> None:
+    def truncate_metrics(self, step: int, want_sha256: str | None = None) -> None:
         """Keep the rows up to ``step`` (a resumed run writes the rest again); a torn last line
-        (a kill during an append) is dropped."""
+        (a kill during an append) is dropped. ``want_sha256``: the digest the checkpoint of
+        ``step`` recorded of the file (:meth:`metrics_sha256`); rows kept that are not exactly
+        those (lost to a full disk, emptied, edited) are refused before the file is touched, since
+        the resumed history would silently lack them."""
         path = self.path / METRICS
-        if not path.exists():
-            return
         keep = [json.dumps(row) for row in self._metric_rows(torn_tail_ok=True) if row["step"] <= step]
-        write_bytes_atomic(path, "".join(line + "\n" for line in keep).encode("utf-8"))
+        data = "".join(line + "\n" for line in keep).encode("utf-8")
+        if want_sha256 is not None and sha256_bytes(data) != want_sha256:
+            raise DataFormatError(path, None, f"its {len(keep)} row(s) up to step {step} are not the ones the checkpoint of that step recorded "
+                                              "(rows lost, as to a full disk, or edited); train it again (--restart, or a new --out)")
+        if path.exists():
+            write_bytes_atomic(path, data)
+
+    def metrics_sha256(self) -> str:
+        """SHA-256 of ``metrics.jsonl`` as it stands (of no bytes when there is none): a checkpoint records it."""
+        path = self.path / METRICS
+        return sha256_file(path) if path.is_file() else sha256_bytes(b"")
 
     def clear_metrics(self) -> None:
         (self.path / METRICS).unlink(missing_ok=True)
@@ -533,7 +544,7 @@ class RunDir:
         name = f"checkpoint-{int(meta['step'])}.msgpack"
         data = to_msgpack(state)
         write_bytes_atomic(d / name, data)
-        write_json_atomic(d / CHECKPOINT, {**meta, "state_file": name, "state_sha256": sha256_bytes(data)}, indent=1)
+        write_json_atomic(d / CHECKPOINT, {**meta, "state_file": name, "state_sha256": sha256_bytes(data), "metrics_sha256": self.metrics_sha256()}, indent=1)
         for old in d.glob("checkpoint-*.msgpack"):
             if old.name != name:
                 old.unlink(missing_ok=True)

@@ -173,8 +173,8 @@ def run_files(run: Path) -> dict:
     out = {"params": (run / "params.msgpack").read_bytes(), "failed": (run / "failed.json").exists()}
     out["metrics"] = [{k: v for k, v in json.loads(line).items() if not k.endswith("seconds")} for line in (run / "metrics.jsonl").read_text().splitlines()]
     for name in ("privacy_ledger.json", "checkpoint.json"):
-        if (run / name).exists():
-            out[name] = json.loads((run / name).read_text())
+        if (run / name).exists():  # (the checkpoint's digest of metrics.jsonl covers its wall-clock columns too)
+            out[name] = {k: v for k, v in json.loads((run / name).read_text()).items() if k != "metrics_sha256"}
     for name in ("summary.json", "audit.json"):
         if (run / name).exists():
             out[name] = {k: v for k, v in json.loads((run / name).read_text()).items() if k not in ("seconds", "run_dir")}

@@ -43,6 +43,29 @@ def test_metrics_are_appended_and_cut_back_to_a_step(tmp_path):
     assert run.metrics() == []
 
 
+def test_a_checkpoint_records_the_metrics_and_a_resume_refuses_rows_lost_or_edited(tmp_path):
+    """A full disk (or a hand) that empties, cuts or edits metrics.jsonl before a resume: the resumed
+    history would lack those rows (their epsilon and guarantee too), so the resume is refused, the file untouched."""
+    run = RunDir(tmp_path).create()
+    for step in (1, 2):
+        run.append_metrics({"step": step, "split": "train", "epsilon": 0.1 * step})
+    run.save_checkpoint({"w": np.zeros(2)}, {"step": 2})
+    want = run.checkpoint_meta()["metrics_sha256"]
+    assert want == run.metrics_sha256()
+    run.append_metrics({"step": 3, "split": "train", "epsilon": 0.3})  # after the checkpoint: cut back on resume
+    run.truncate_metrics(2, want)
+    assert [r["step"] for r in run.metrics()] == [1, 2]
+    whole = (tmp_path / METRICS).read_bytes()
+    for damaged in (b"", whole.split(b"\n")[0] + b"\n", whole.replace(b"0.2", b"0.02")):  # emptied, cut at a line, edited
+        (tmp_path / METRICS).write_bytes(damaged)
+        with pytest.raises(DataFormatError, match="up to step 2 are not the ones the checkpoint of that step recorded"):
+            run.truncate_metrics(2, want)
+        assert (tmp_path / METRICS).read_bytes() == damaged
+    (tmp_path / METRICS).unlink()
+    with pytest.raises(DataFormatError, match="0 row"):
+        run.truncate_metrics(2, want)
+
+
 def test_parameters_final_else_the_last_checkpoint(tmp_path):
     run = RunDir(tmp_path)
     template = {"w": np.zeros(2, np.float32)}

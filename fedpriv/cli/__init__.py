@@ -485,6 +485,10 @@ def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
     return kept, len(kept) < len(argv)
 
 
+#: The exit status of a run interrupted by Ctrl-C (SIGINT), as shells report it (128 + 2).
+INTERRUPTED = 130
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point: runs the app and turns every error into one line and an exit code."""
     debug = os.environ.get("FEDPRIV_DEBUG") == "1"
@@ -493,7 +497,10 @@ def main(argv: list[str] | None = None) -> int:
     if not debug and not verbose:  # dp-accounting's notes on RDP orders it skips are not the user's to act on
         logging.getLogger("absl").setLevel(logging.ERROR)
     try:
-        app(args=argv, standalone_mode=False, prog_name="fedpriv")
+        rv = app(args=argv, standalone_mode=False, prog_name="fedpriv")
+        if rv == INTERRUPTED and not isinstance(rv, bool):  # typer turns Ctrl-C into Exit(130), which non-standalone mode returns
+            err.print("fedpriv: interrupted", markup=False)
+            return INTERRUPTED
         return 0
     except FedprivError as e:
         if debug:
@@ -505,12 +512,9 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as e:
         e.show()
         return e.exit_code
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         err.print("fedpriv: interrupted", markup=False)
-        return 130
-    except KeyboardInterrupt:
-        err.print("fedpriv: interrupted", markup=False)
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:
         return 0
     except OSError as e:  # a path the user gave cannot be read or written (permissions, full disk, not a directory)

@@ -50,9 +50,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from fedpriv.config import TRAINING_AUDIT_KEYS, AuditConfig, changed_keys, normalized_config
-from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
+from fedpriv.errors import ConfigChanged, DataFormatError, FedprivError, TrainingDiverged
 from fedpriv.privacy.streams import INIT, STEP, stream_key
-from fedpriv.rundir import RunDir, ledger_record
+from fedpriv.rundir import CONFIG, RunDir, ledger_record
 from fedpriv.tasks.base import Batch, Params, Task, add_sums, degenerate, pad_batch
 
 
@@ -73,8 +73,9 @@ def all_finite(tree: Any) -> jax.Array:
 def check_resumable(run: RunDir, config_meta: Mapping[str, Any]) -> None:
     """Refuse to resume ``run`` with a config other than the one its ``config.json`` records."""
     old = run.config_meta()
-    if old is None:
-        return
+    if old is None:  # a checkpoint without the config it was trained with: nothing to check the new one against
+        raise DataFormatError(run.path / CONFIG, None, f"is missing, but {run.path} holds a checkpoint: the config the run was trained "
+                                                       f"with cannot be checked against this one; {RESTART_HINT}")
     new = json.loads(json.dumps(dict(config_meta)))
     if "experiment" in old and "experiment" in new:
         old = {**old, "experiment": normalized_config(old["experiment"])}
@@ -282,7 +283,7 @@ def run_loop(
         kept_stop = meta.get("stopped")
         stepper.resume(run, start)
         state = stepper.restore_state(stored, start, log or (lambda _m: None))
-        run.truncate_metrics(start)
+        run.truncate_metrics(start, meta.get("metrics_sha256"))  # (None: a checkpoint from before the digest)
     else:
         run.clear_metrics()
         config_meta = {**config_meta, "assets": run.asset_digests()}

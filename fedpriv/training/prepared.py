@@ -50,8 +50,8 @@ class Prepared:
         run = RunDir(run_dir)
         run.check_assets()
         meta = run.config_meta()
-        if meta is not None and "experiment" in meta and run.checkpoint_meta() is not None:
-            check_resumable(run, {**meta, "experiment": self.config.model_dump()})
+        if run.checkpoint_meta() is not None and (meta is None or "experiment" in meta):  # (no config.json: refused)
+            check_resumable(run, {**(meta or {}), "experiment": self.config.model_dump()})
         self.task.save_assets(run_dir)
         if self.canaries is not None:
             self.canaries.save(run_dir)

@@ -222,3 +222,16 @@ def test_inspect_prints_data_as_text_not_markup(tmp_path, capsys):
     assert main(["data", "inspect", str(p), "-o", "user_column=author", "-o", "text_column=body"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "'[deleted]' (2)" in out and "[reddit].jsonl (text)" in out
+
+
+def test_ctrl_c_in_a_command_exits_130_and_says_so(monkeypatch, capsys):
+    """Typer turns a KeyboardInterrupt into Exit(130), which non-standalone mode returns instead of
+    raising: the command used to exit 0 with no word, as if it had finished."""
+    import fedpriv.runner.checks as checks
+
+    def interrupted(*_a, **_k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(checks, "check_file", interrupted)
+    assert main(["config", "check", "experiments/demo.toml", "--static"]) == 130
+    assert "fedpriv: interrupted" in capsys.readouterr().err

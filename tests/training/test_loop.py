@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from fedpriv.errors import ConfigChanged, FedprivError, TrainingDiverged
+from fedpriv.errors import ConfigChanged, DataFormatError, FedprivError, TrainingDiverged
 from fedpriv.rundir import RunDir
 from fedpriv.tasks.base import Task
 from fedpriv.training.loop import Stepper, run_loop
@@ -146,6 +146,18 @@ def test_resuming_with_another_config_is_refused_naming_the_keys(tmp_path):
         run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, changed, EVAL, 8)
     audit_only = {"experiment": {**meta["experiment"], "audit": {"rs_candidates": 50}}, "engine": "flower"}
     assert run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, audit_only, EVAL, 8).done == 10  # nothing trained differs
+
+
+def test_a_checkpoint_without_its_config_is_not_resumed(tmp_path):
+    """With config.json gone, any config would have resumed the checkpoint (steps 1-4 at one learning
+    rate, the rest at another, config.json recording only the second)."""
+    run = RunDir(tmp_path)
+    meta = {"experiment": {"seed": 0, "training": {"learning_rate": 0.1, "steps": 10}}}
+    run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, meta, EVAL, 8, stop_after=4)
+    (tmp_path / "config.json").unlink()
+    with pytest.raises(DataFormatError, match=r"config.json: is missing, but .* holds a checkpoint: the config the run was trained with cannot be checked"):
+        run_loop(AddStepper(10, 3, 3, 4), CountTask(), run, 0, meta, EVAL, 8)
+    assert run.checkpoint_meta()["step"] == 4 and not run.has_params()
 
 
 def test_a_utility_target_stops_at_the_first_evaluation_that_reaches_it(tmp_path):
