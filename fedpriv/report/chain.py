@@ -345,14 +345,16 @@ def chains_markdown(summaries: Mapping[str, Mapping[str, Any]]) -> str:
                  *[_tuned_cell(seeds, "f1", d) for d in datasets]]
         lines.append("| " + " | ".join(cells) + " |")
     lines += ["", "Tagger F1: entity F1 of the taggers fine-tuned from each encoder, on the named test data, every gold entity counted "
-              "(one past the length limit is a miss); mean over seeds with its 95% bootstrap interval over seeds. Pieces per word: "
+              "(one past the length limit is a miss); mean over seeds with its bootstrap interval over seeds (with two seeds, the range of "
+              "the two, not a 95% interval). Pieces per word: "
               "how finely the encoder's vocabulary splits the fine-tuning data's words. "
               "ε: the encoder's vocabulary and pretraining stages composed (below); the fine-tuning is not included, and when it reads "
               "the same data without DP the tagger itself is not private on that data (comparison.md says so row by row).", ""]
     lines += ["## Masked-LM accuracy, compared only within a block", "",
               "Each block holds the encoders evaluated on the same data with the same vocabulary; accuracies of different blocks "
               "are not comparable (a smaller vocabulary makes each masked piece easier to guess). Exposure is the masked-LM secret "
-              "sharer's mean over the canaries (log2 V - log2 rank of the secret among the V tokens), out of its maximum log2 V.", ""]
+              "sharer's mean over the canaries (log2 V - log2 rank of the secret among the V tokens), out of its maximum log2 V; its "
+              "interval is over the seeds' means only (comparison.md's also resamples the canaries, so it is wider).", ""]
     blocks: dict[tuple[str, str], list[str]] = {}
     for name, seeds in groups.items():
         blocks.setdefault((seeds[0]["mlm_eval"], seeds[0]["vocab_group"]), []).append(name)
