@@ -64,7 +64,7 @@ def audit_nwp_canary(stepper: Any, manifest: Manifest, index: int, cfg: Experime
     if method == "exact":
         exposure = exposure_from_rank(rs.rank, rs.candidates + 1)
     else:
-        exposure = interpolated_exposure(rs.lower, rs.candidates, space)
+        exposure = interpolated_exposure(rs.at_or_below, rs.candidates, space)
     extrapolated = extrapolated_exposure(rs.canary_log_perplexity, scores, space, seed=cfg.seed) if rs.candidates >= 10 else None
     bs, found = beam_memorized(stepper, ids, a.beam_width, a.beam_top)
     return {
@@ -148,6 +148,17 @@ def canary_table_columns(task: str) -> list[str]:
     return CANARY_COLUMNS.get(task, CANARY_COLUMNS["task"])
 
 
+def _scored(report: dict[str, Any]) -> str:
+    """What Random Sampling scored each canary against: the random suffixes asked for, or, where the
+    candidate space is no larger, every other suffix of it (enumerated)."""
+    rows = [r for r in report.get("canaries", []) if "rs_candidates" in r]
+    if rows and all(r.get("exposure_method") == "exact" for r in rows):
+        counts = sorted({int(r["rs_candidates"]) for r in rows})
+        n = f"{counts[0]:,}" if len(counts) == 1 else f"{counts[0]:,} to {counts[-1]:,}"
+        return f"every one of the {n} other suffixes of the candidate space, enumerated"
+    return f"{report['settings']['rs_candidates']:,} random suffixes"
+
+
 def markdown(report: dict[str, Any]) -> str:
     """The per-canary table and the summary, as Markdown."""
     task = report["task"]
@@ -157,13 +168,13 @@ def markdown(report: dict[str, Any]) -> str:
     if task == "nwp":
         lines.append(
             f"Random Sampling: {s['rs_memorized']} of {s['canaries']} canaries memorized "
-            f"({report['settings']['rs_candidates']:,} random suffixes); Beam Search: {s['bs_memorized']} of {s['canaries']} "
+            f"({_scored(report)}); Beam Search: {s['bs_memorized']} of {s['canaries']} "
             f"(width {report['settings']['beam_width']}, top {report['settings']['beam_top']})."
         )
     elif "rs_memorized" in s:
         lines.append(
             f"Random Sampling scored by the task's per-example loss: {s['rs_memorized']} of {s['canaries']} canaries memorized "
-            f"({report['settings']['rs_candidates']:,} random suffixes)."
+            f"({_scored(report)})."
         )
     lines += ["", "## Summary by configuration", ""]
     keys = [k for k in s if k not in ("exposure_max",)]

@@ -13,8 +13,10 @@ random location of each chosen example as in Hoory et al.; so every insertion of
 the same context, its own hint words, and one evaluation gives the secret's rank (Hoory et al.
 average the rank over the training examples that hold the canary).
 
-Rank convention: rank = 1 + the number of vocabulary ids whose logit is *strictly* greater than
-the secret's (so ties are resolved in the secret's favour; rank 1 = the model's top prediction).
+Rank convention: rank = the number of vocabulary ids whose logit is at least the secret's (the
+secret included): 1 + the other ids at or above it, so ties count against the secret (rank 1 =
+the model's sole top prediction; a model whose logits are all equal ranks it last, exposure 0),
+as Random Sampling counts them.
 Logits, not probabilities, are compared; the softmax is monotone, so the order is the same.
 The ranking is over all ``V = len(task.vocab)`` vocabulary tokens, special tokens and ``##``
 continuations included, as in the paper's ``|vocab|``.
@@ -48,7 +50,7 @@ def _secret_ranks(model: Any, params: Any, ids: jax.Array, length: jax.Array, po
     shape and batch size."""
     logits = apply_model(model, params, ids, length, position[:, None], train=False)[:, 0, :]  # (B, V)
     target = jnp.take_along_axis(logits, secret[:, None], axis=1)  # (B, 1)
-    return 1 + jnp.sum(logits > target, axis=1, dtype=jnp.int32)
+    return jnp.sum(logits >= target, axis=1, dtype=jnp.int32)
 
 
 def masked_secret_example(task: MLMTask, canary: Canary) -> tuple[dict[str, np.ndarray], int, int]:

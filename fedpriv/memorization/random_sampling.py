@@ -4,7 +4,8 @@ Given the canary's first ``prefix`` words, the canary's remaining words and N ra
 the same length (drawn like the canary words, never equal to the canary's suffix) are scored by
 log-perplexity, -sum log P(suffix word | bos, prefix, earlier suffix words) in nats. The canary is
 memorized when it scores strictly lowest; its rank is 1 + the number of random suffixes scoring
-strictly lower.
+at or below it. A tie does not put the canary ahead: a model that scores every suffix alike ranks
+it last (exposure 0), not first.
 
 Speed: the prefix is run once. Suffixes are scored level by level over their prefix tree: the
 state after the suffix's first j words is computed once per distinct j-word start (at most V for
@@ -36,7 +37,7 @@ class RandomSamplingResult:
     rank: int  # 1 = the canary scores lowest
     candidates: int  # random suffixes scored (the canary not counted)
     canary_log_perplexity: float  # nats
-    lower: int  # random suffixes with strictly lower log-perplexity (= rank - 1)
+    at_or_below: int  # random suffixes whose log-perplexity is at most the canary's (ties count against it; = rank - 1)
 
     @property
     def memorized(self) -> bool:
@@ -145,5 +146,5 @@ def random_sampling(
     prefix = np.concatenate([[stepper.vocab.bos], canary_ids[:prefix_words]]).astype(np.int32)
     rows = np.concatenate([canary_ids[None, prefix_words:], np.asarray(suffixes, np.int32)])
     ppl = -suffix_log_probs(stepper, prefix, rows, batch, progress)
-    lower = int(np.sum(ppl[1:] < ppl[0]))
-    return RandomSamplingResult(lower + 1, len(rows) - 1, float(ppl[0]), lower), ppl[1:]
+    at_or_below = int(np.sum(ppl[1:] <= ppl[0]))
+    return RandomSamplingResult(at_or_below + 1, len(rows) - 1, float(ppl[0]), at_or_below), ppl[1:]

@@ -1,7 +1,7 @@
 """Random Sampling for the NWP LSTM with the least work per candidate, and the reference's ranks.
 
 A suffix (s1, s2, s3) after the canary's prefix has log-perplexity t1 + t2 + t3 (nats), with
-t_j = -log P(s_j | prefix, s_<j) >= 0. Only the count of candidates scoring strictly below the
+t_j = -log P(s_j | prefix, s_<j) >= 0. Only the count of candidates scoring at or below the
 canary's C matters (:mod:`fedpriv.memorization.random_sampling`: rank = 1 + that count), so:
 
 1. the prefix is run once (the reference's code): t1 of every id;
@@ -22,7 +22,7 @@ operations, except that a table row replaces a one-row matrix product; the diffe
 reference is float32 rounding (measured: at most a few 1e-6 nats). Bounds hold in exact
 arithmetic; every comparison with C keeps a margin of ``MARGIN`` = 1e-3 nats, and a candidate
 whose exact value lands within the margin of C is scored again by the reference and compared as
-the reference does (strictly lower), so the count is the reference's. C itself is the
+the reference does (at or below: a tie counts against the canary), so the count is the reference's. C itself is the
 reference's score of the canary. Guards at run time: the canary's fast score and a spot check of
 ``SPOT`` candidates must agree with the reference within MARGIN / 8, and the canary's reference
 score must not depend on the rows scored with it; otherwise the reference scores everything
@@ -222,7 +222,7 @@ def fast_random_sampling(
         ref = -suffix_log_probs(stepper, prefix, rows[np.r_[0, 1 + near, 1 + spot]], batch)
         if ref[0] != c_ref:
             return _reference(stepper, canary_ids, prefix_words, suffixes, batch, score_rows, "the reference's score of the canary depends on the rows scored with it")
-        lower += int(np.sum(ref[1 : 1 + len(near)] < c_ref))
+        lower += int(np.sum(ref[1 : 1 + len(near)] <= c_ref))
     result = RandomSamplingResult(lower + 1, n, c_ref, lower)
     scores = cand if score_rows is None else cand[np.asarray(score_rows)]
     scored = int(np.sum(~np.isnan(cand)))

@@ -5,8 +5,8 @@ per-example loss (``task.losses(params, batch, rng, train=False)``) as the score
 NWP LSTM's log-perplexity: the canary keeps its first ``prefix`` words, N candidates replace the
 rest with random pool words (drawn like the canary words, never the canary's own suffix), every
 candidate is encoded by the task as an example of the corpus's kind (tags all ``O``) and scored.
-The canary is memorized when its loss is strictly lowest; rank = 1 + candidates scoring strictly
-lower. It uses nothing but the Task interface, so it costs a task forward pass per candidate
+The canary is memorized when its loss is strictly lowest; rank = 1 + candidates scoring at or
+below it (a tie counts against the canary). It uses nothing but the Task interface, so it costs a task forward pass per candidate
 (size it with ``audit.rs_candidates`` or ``fedpriv audit --candidates``).
 """
 
@@ -55,13 +55,13 @@ def audit_task_canary(scorer: LossScorer, manifest: Manifest, index: int, cfg: E
     prefix = tuple(canary.words[: a.rs_prefix])
     scores = scorer([prefix + tuple(pool[j] for j in row) for row in suffixes])
     canary_loss = float(scorer([tuple(canary.words)])[0])
-    lower = int(np.sum(scores < canary_loss))
-    exposure = exact_exposure(canary_loss, scores) if method == "exact" else interpolated_exposure(lower, len(scores), space)
+    at_or_below = int(np.sum(scores <= canary_loss))
+    exposure = exact_exposure(canary_loss, scores) if method == "exact" else interpolated_exposure(at_or_below, len(scores), space)
     extrapolated = extrapolated_exposure(canary_loss, scores, space, seed=cfg.seed) if len(scores) >= 10 else None
     return {
         **canary_columns(canary),
-        "rs_memorized": lower == 0,
-        "rs_rank": lower + 1,
+        "rs_memorized": at_or_below == 0,
+        "rs_rank": at_or_below + 1,
         "rs_candidates": len(scores),
         "canary_loss": canary_loss,
         "exposure": exposure,

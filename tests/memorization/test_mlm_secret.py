@@ -68,7 +68,7 @@ def full_logits(task):
 
 def brute_force(task: MLMTask, params, full_logits, canary: Canary) -> tuple[int, np.ndarray]:
     """(rank, masked ids row) built by hand: [CLS] one piece per word [SEP], the secret at
-    1 + secret_index replaced by [MASK], full logits, count of strictly larger logits."""
+    1 + secret_index replaced by [MASK], full logits: 1 + the other ids whose logit is at least the secret's (a tie counts against it)."""
     v = task.vocab
     row = [v.cls, *(v.word_ids(w)[0] for w in canary.words), v.sep]
     pos = 1 + canary.secret_index
@@ -78,7 +78,7 @@ def brute_force(task: MLMTask, params, full_logits, canary: Canary) -> tuple[int
     ids[0, : len(row)] = row
     logits = np.asarray(full_logits(params, jnp.asarray(ids), jnp.asarray([len(row)], jnp.int32)))[0, pos]
     assert logits.shape == (len(v),)
-    return 1 + sum(1 for x in logits if x > logits[secret]), ids[0]
+    return 1 + sum(1 for i, x in enumerate(logits) if i != secret and x >= logits[secret]), ids[0]
 
 
 def random_canaries(task: MLMTask, n: int, seed: int) -> list[Canary]:
@@ -117,6 +117,9 @@ def test_rank_and_exposure_match_brute_force(task, init_params, full_logits):
     # the batch size (and so the padding of the last batch) does not change the result
     assert mlm_secret_exposure(task, init_params, mixed) == rows
     assert mlm_secret_exposure(task, init_params, plain) == []
+    # a model whose logits are all equal knows nothing: the secret ranks last (exposure 0), not first
+    flat = jax.tree_util.tree_map(jnp.zeros_like, init_params)
+    assert {(r["rank"], r["exposure"]) for r in mlm_secret_exposure(task, flat, canaries[:3])} == {(V, 0.0)}
 
 
 @pytest.mark.parametrize(
