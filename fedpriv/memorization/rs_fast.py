@@ -217,13 +217,13 @@ def fast_random_sampling(
     if not worst <= MARGIN / 8:
         return _reference(stepper, canary_ids, prefix_words, suffixes, batch, score_rows, f"fast and reference scores differ by {worst:.2e} nats")
     near = np.flatnonzero(np.abs(cand - c_ref) <= MARGIN)  # NaN (not scored) compares False
-    lower = bounded + int(np.sum(cand < c_ref - MARGIN))
+    at_or_below = bounded + int(np.sum(cand < c_ref - MARGIN))
     if len(near):
         ref = -suffix_log_probs(stepper, prefix, rows[np.r_[0, 1 + near, 1 + spot]], batch)
         if ref[0] != c_ref:
             return _reference(stepper, canary_ids, prefix_words, suffixes, batch, score_rows, "the reference's score of the canary depends on the rows scored with it")
-        lower += int(np.sum(ref[1 : 1 + len(near)] <= c_ref))
-    result = RandomSamplingResult(lower + 1, n, c_ref, lower)
+        at_or_below += int(np.sum(ref[1 : 1 + len(near)] <= c_ref))
+    result = RandomSamplingResult(at_or_below + 1, n, c_ref, at_or_below)
     scores = cand if score_rows is None else cand[np.asarray(score_rows)]
     scored = int(np.sum(~np.isnan(cand)))
     return result, scores, FastStats(n, max(stepped - 1, 0), scored, bounded, len(near), False)
