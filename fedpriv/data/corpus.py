@@ -26,6 +26,7 @@ from fedpriv.data.flat import FlatText
 from fedpriv.data.stores import (
     MappedStore,
     MemoryStore,
+    PackedStore,
     ReshardedStore,
     SqliteStore,
     SubsetStore,
@@ -69,16 +70,12 @@ class FederatedCorpus:
         name: str = "corpus",
         spill_to: str | os.PathLike[str] | None = None,
     ) -> "FederatedCorpus":
-        """Collect ``(user_id, example)`` pairs. With ``spill_to`` (a file path), the examples go to an
-        on-disk SQLite store as they stream, so memory stays bounded whatever the source's size."""
+        """Collect ``(user_id, example)`` pairs into flat arrays in memory (:class:`PackedStore`: no
+        object per example). With ``spill_to`` (a file path), the examples go to an on-disk SQLite
+        store as they stream instead, so memory stays bounded whatever the source's size."""
         if spill_to is not None:
             return cls(SqliteStore.build(spill_to, stream, kind), name)
-        users: dict[str, list[Example]] = {}
-        for u, ex in stream:
-            users.setdefault(u, []).append(ex)
-        if not users:
-            raise EmptyCorpusError(f"{name}: the source produced no examples")
-        return cls(MemoryStore(users, kind), name)
+        return cls(PackedStore.build(stream, kind, name), name)
 
     def note(self, message: str, **facts: object) -> None:
         """Record a choice the loader made on its own (synthetic users, dropped records): the

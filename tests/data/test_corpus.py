@@ -8,7 +8,7 @@ import pytest
 from fedpriv.data.corpus import FederatedCorpus, stable_unit_hash
 from fedpriv.data.examples import TaggedExample, TextExample
 from fedpriv.data.shakespeare import load_shakespeare
-from fedpriv.data.stores import user_sort_key
+from fedpriv.data.stores import PackedStore, user_sort_key
 from fedpriv.errors import EmptyCorpusError, FedprivError
 
 
@@ -213,3 +213,99 @@ def test_tagged_examples_spill_round_trip(tmp_path):
     ex = TaggedExample(("Empire", "State"), ("B-location", "I-location"), 1.5)
     disk = FederatedCorpus.from_stream([("u", ex)], "tagged", spill_to=tmp_path / "t.sqlite")
     assert disk.examples("u") == [ex]
+
+
+# ---- the packed in-memory store (what from_stream builds without a spill) ----------------------
+
+_AWKWARD_TEXTS = [
+    "a b c", "", "a  b", " lead", "trail ", "tab\there", "nbsp\u00a0inside", "line\nbreak", "é ü 😀 中文", "a b c",
+]
+
+
+def _stream_of(texts, users, times):
+    return [(u, TextExample(t, ts)) for u, t, ts in zip(users, texts, times)]
+
+
+def test_packed_store_gives_back_every_example_exactly_in_user_then_source_order():
+    users = ["10", "2", "bob", "2", "10", "02", "bob", "2", "x", "2"]
+    times = [None, 1.5, 0.0, None, 3.0, -2.0, 1e9, None, 2.25, None]
+    pairs = _stream_of(_AWKWARD_TEXTS, users, times)
+    packed = FederatedCorpus.from_stream(iter(pairs), "text", name="p")
+    want = FederatedCorpus.from_dict({u: [e for v, e in pairs if v == u] for u in dict.fromkeys(users)})
+    assert isinstance(packed.store, PackedStore)
+    assert list(packed.user_ids) == list(want.user_ids) == ["02", "2", "10", "bob", "x"]
+    assert packed.counts().tolist() == want.counts().tolist()
+    for u in want.user_ids:
+        got = packed.examples(u)
+        assert got == want.examples(u)  # texts as written (un-normalized ones too) and timestamps, None kept None
+        assert [type(e.timestamp) for e in got] == [type(e.timestamp) for e in want.examples(u)]
+    assert list(packed.records()) == list(want.records())
+    # only the texts that single spaces do not rebuild are kept aside
+    assert sorted(packed.store._texts.values()) == sorted(t for t in _AWKWARD_TEXTS if " ".join(t.split()) != t)
+
+
+def test_packed_store_word_ids_are_the_split_words_of_its_examples():
+    users = ["b", "a", "b", "a", "c"]
+    texts = ["x y z", "y  y", "", "z x", "w"]
+    packed = FederatedCorpus.from_stream(iter(_stream_of(texts, users, [None] * 5)), "text")
+    table = packed.store.word_table()
+    for u in packed.user_ids:
+        ids, lengths = packed.store.word_ids(u)
+        words = [table[i] for i in ids.tolist()]
+        exs = packed.examples(u)
+        assert lengths.tolist() == [len(e.text.split()) for e in exs]
+        assert words == [w for e in exs for w in e.text.split()]
+    # the flat read through the word table equals the read that splits every text
+    flat = packed.flat_text()
+    fallback = FederatedCorpus.from_dict({u: packed.examples(u) for u in packed.user_ids}).flat_text()
+    assert flat.num_examples == fallback.num_examples == 5
+    assert [flat.example_words(i) for i in range(5)] == [fallback.example_words(i) for i in range(5)]
+
+
+def test_packed_store_keeps_tagged_examples():
+    pairs = [
+        ("u2", TaggedExample(("Empire", "State"), ("B-loc", "I-loc"), 1.5)),
+        ("u1", TaggedExample(("a",), ("O",))),
+        ("u2", TaggedExample((), ())),
+        ("u1", TaggedExample(("State", "a"), ("B-loc", "O"), 0.0)),
+    ]
+    packed = FederatedCorpus.from_stream(iter(pairs), "tagged")
+    assert list(packed.user_ids) == ["u1", "u2"]
+    assert packed.examples("u1") == [pairs[1][1], pairs[3][1]]
+    assert packed.examples("u2") == [pairs[0][1], pairs[2][1]]
+    assert packed.store.word_table() is None  # flat text is for text corpora
+
+
+def test_packed_store_refuses_no_examples_and_mixed_kinds_naming_the_corpus():
+    with pytest.raises(EmptyCorpusError, match="^mine: the source produced no examples"):
+        FederatedCorpus.from_stream(iter([]), "text", name="mine")
+    with pytest.raises(FedprivError, match="^mine: mixed example kinds"):
+        FederatedCorpus.from_stream(iter([("a", TextExample("x")), ("b", TaggedExample(("x",), ("O",)))]), "text", name="mine")
+    with pytest.raises(FedprivError, match="no user 'nobody'"):
+        FederatedCorpus.from_stream(iter([("a", TextExample("x"))]), "text").examples("nobody")
+
+
+def test_packed_store_holds_no_object_per_example():
+    n = 20_000
+    pairs = ((f"u{i % 997}", TextExample(f"w{i % 50} v{i % 7} common", float(i))) for i in range(n))
+    store = FederatedCorpus.from_stream(pairs, "text").store
+    assert store.counts().sum() == n
+    assert store._texts == {}
+    arrays = [store._tokens, store._starts, store._times, store._has_time, store._user_starts]
+    assert all(isinstance(a, np.ndarray) for a in arrays)
+    assert len(store._words) == 50 + 7 + 1 and len(store._ids) == 997  # one string per distinct word and per user
+
+
+@pytest.mark.parametrize("block", [1, 3, 1 << 16])
+def test_grouping_examples_by_user_moves_each_examples_words_whole(block):
+    from fedpriv.data.stores import _grouped
+
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(0, 5, size=50)
+    runs = [rng.integers(0, 1000, size=n).astype(np.int32) for n in lengths]
+    flat = np.concatenate(runs)
+    for order in (rng.permutation(50), np.arange(50)):
+        starts = np.concatenate([[0], np.cumsum(lengths[order])])
+        got, twice = _grouped([flat, flat * 2], lengths, order, starts, block=block)
+        assert got.tolist() == np.concatenate([runs[i] for i in order]).tolist()
+        assert twice.tolist() == (got * 2).tolist()

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from fedpriv.data.conll import iter_sentences
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.examples import TaggedExample, TextExample
-from fedpriv.data.stores import MemoryStore, SqliteStore
+from fedpriv.data.stores import PackedStore, SqliteStore
 from fedpriv.data.tabular import load_table
 from fedpriv.data.tokenize import normalize
 from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
@@ -93,7 +93,7 @@ def test_all_formats_give_the_same_text_corpus(tmp_path, rows):
     want = [TextExample(normalize(r["text"]), float(r["ts"])) for r in rows if r["user_id"] == "10"]
     assert c.examples("10") == want
     assert c.name == "t.jsonl"
-    assert isinstance(c.store, MemoryStore)
+    assert isinstance(c.store, PackedStore)
 
 
 def test_all_formats_give_the_same_tagged_corpus(tmp_path, rows):
@@ -260,7 +260,7 @@ CSV_ERRORS = [
     (CSV_HEAD + CSV_GOOD + "u2,x,a b,O,1\n", 3, {"tokens_column": "tokens", "tags_column": "tags"}, "2 tokens but 1 tags"),
     (CSV_HEAD + CSV_GOOD + "u2,x,a,O,\n", 3, {"timestamp_column": "ts"}, "unparsable timestamp ''"),
     (CSV_HEAD + CSV_GOOD + 'u2,"multi\nline\ntext",a,O,soon\n', 5, {"timestamp_column": "ts"}, "unparsable timestamp 'soon'"),
-    (CSV_HEAD + CSV_GOOD + 'u2,"never closed,a,O,1\n' + CSV_GOOD, 4, {}, "malformed CSV"),
+    (CSV_HEAD + CSV_GOOD + 'u2,"never closed,a,O,1\n' + CSV_GOOD, 3, {}, "malformed CSV: a quoted field that opens on this line is never closed"),
     (CSV_HEAD + CSV_GOOD + 'u2,"quoted"junk,a,O,1\n', 3, {}, "malformed CSV"),
 ]
 
