@@ -487,6 +487,27 @@ def _take_verbose(argv: list[str]) -> tuple[list[str], bool]:
 
 #: The exit status of a run interrupted by Ctrl-C (SIGINT), as shells report it (128 + 2).
 INTERRUPTED = 130
+#: The exit status of a run stopped by SIGTERM (a job scheduler, ``kill``, ``timeout``): 128 + 15.
+TERMINATED = 143
+_sigterm_received = False
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """SIGTERM stops the command the way Ctrl-C does (an exception where it was: open files are
+    closed, temporary spills removed; checkpoints are written atomically, so the same command
+    resumes), and :func:`main` says so and exits 143."""
+    global _sigterm_received
+    _sigterm_received = True
+    raise KeyboardInterrupt
+
+
+def _interrupted() -> int:
+    """Say how the command was stopped, and the exit status that says it too."""
+    if _sigterm_received:
+        err.print("fedpriv: terminated (SIGTERM); run the same command to resume from the last checkpoint", markup=False, soft_wrap=True)
+        return TERMINATED
+    err.print("fedpriv: interrupted", markup=False)
+    return INTERRUPTED
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,8 +520,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=argv, standalone_mode=False, prog_name="fedpriv")
         if rv == INTERRUPTED and not isinstance(rv, bool):  # typer turns Ctrl-C into Exit(130), which non-standalone mode returns
-            err.print("fedpriv: interrupted", markup=False)
-            return INTERRUPTED
+            return _interrupted()
         return 0
     except FedprivError as e:
         if debug:
@@ -513,8 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         e.show()
         return e.exit_code
     except (click.exceptions.Abort, KeyboardInterrupt):
-        err.print("fedpriv: interrupted", markup=False)
-        return INTERRUPTED
+        return _interrupted()
     except BrokenPipeError:
         return 0
     except OSError as e:  # a path the user gave cannot be read or written (permissions, full disk, not a directory)
@@ -536,11 +555,24 @@ def console() -> None:
     interpreter shuts down, the objects still alive (a loaded corpus: millions of them at 10^6
     users) are frozen out of the cyclic collector, whose passes at shutdown took 19 s at a million
     users; they are freed by reference counting as before. Only here, never in :func:`main`, which
-    tests call in one long process."""
+    tests call in one long process. SIGTERM is handled here too (:func:`_on_sigterm`)."""
     import gc
+    import signal
 
+    signal.signal(signal.SIGTERM, _on_sigterm)
     code = main()
     gc.freeze()
+    if code in (INTERRUPTED, TERMINATED):
+        # Stopped mid-computation, XLA may still run work the interrupted code dispatched; tearing
+        # the runtime down under it aborted the process ("double free", "pure virtual method
+        # called": status 134 instead of 130). Run the exit handlers (a spill's folder is removed
+        # there), flush, and leave without the interpreter's teardown.
+        import atexit
+
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 
