@@ -45,12 +45,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedpriv.data.corpus import FederatedCorpus
-from fedpriv.data.examples import TaggedExample
+from fedpriv.data.examples import TAG as _TAG
+from fedpriv.data.examples import TAG_HELP, TaggedExample
 from fedpriv.data.tabular import decode_line
-from fedpriv.data.users import fallback_blocks, parse_users, read_mapping, synthetic_ids
+from fedpriv.data.users import fallback_blocks, named_user, parse_users, placeholder_problem, read_mapping, synthetic_ids
 from fedpriv.errors import DataFormatError, FedprivError, SourceError
 
-_TAG = re.compile(r"^(O|[BIESLU]-\S+)$")
 _INDEX = re.compile(r"^\d+$")
 _SKIPPED_INDEX = re.compile(r"^\d+[-.]\d+$")  # CoNLL-U multiword range or empty node
 _DOC_COMMENTS = [
@@ -60,7 +60,6 @@ _DOC_COMMENTS = [
 ]
 _KEY_VALUE = re.compile(r"^#\s*(?P<key>[^=]*?)\s*=\s*(?P<value>.*?)\s*$")
 SAMPLE_LINES = 1000
-TAG_HELP = "O or B-/I-/E-/S-/L-/U-<type>"
 _HEADER_TAGS = {"tag", "tags", "label", "labels", "ner", "ner_tag", "ner_tags", "bio", "iob", "iob2", "entity", "entities", "class"}
 
 
@@ -268,6 +267,8 @@ def stream_conll(path: Path, lay: Layout, comment_key: str | None, iob: str, out
                 hint = "; pass tag_column= to choose the column" if lay.tag_detected else ""
                 if len(cols) != lay.width:
                     hint += f" (this line has {len(cols)} columns, the file's token lines {lay.width}: a space inside a token?)"
+                if n == 1:
+                    hint += "; if line 1 is a table's header, name the table's columns (-o user_column=... -o text_column=...)"
                 raise DataFormatError(path, n, f"tag {tag[:30]!r} ({column_name(lay.tag)}) is not {TAG_HELP}{hint}")
             return False
         if not token.strip():  # a no-break space alone is no token either
@@ -345,6 +346,8 @@ def load_conll(
         doc, value, _ = item
         if missing is None and not value:
             missing = count
+        if value and rule.kind == "comment" and placeholder_problem(named_user(value)):
+            raise DataFormatError(path, None, f"sentence {count + 1}: its '# {rule.key} = {value}' comment: {placeholder_problem(named_user(value))}")
         count += 1
         docs.add(doc)
         if spill_to is None:
@@ -378,7 +381,7 @@ def load_conll(
     def user(i: int, doc: int, value: str | None) -> str:
         if ids is not None:
             return ids[i]
-        return str(value) if rule.kind == "comment" else doc_id(doc)
+        return named_user(str(value)) if rule.kind == "comment" else doc_id(doc)
 
     again = held if spill_to is None else stream_conll(path, layout, key, iob, ConllFile())  # spilled: a second pass
     sentences = ((user(i, doc, value), s) for i, (doc, value, s) in enumerate(again))

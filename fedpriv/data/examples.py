@@ -9,10 +9,17 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal, Union
 
 Kind = Literal["text", "tagged"]
+
+#: A tag a NER example may hold: ``O``, or a scheme letter and an entity type (BIO, IOB1, BIOES,
+#: BILOU). Every loader of tagged data checks its tags against it: the metrics read a tag without
+#: a prefix (``PER``) as ``O``, so such a file would train to an F1 of 0 without a word said.
+TAG = re.compile(r"^(O|[BIESLU]-\S+)$")
+TAG_HELP = "O or B-/I-/E-/S-/L-/U-<type>"
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,7 +71,7 @@ from datetime import date, datetime, timezone
 from pathlib import Path
 
 from fedpriv.data.corpus import FederatedCorpus
-from fedpriv.data.examples import Example, Kind, TaggedExample, TextExample
+from fedpriv.data.examples import TAG, TAG_HELP, Example, Kind, TaggedExample, TextExample
 from fedpriv.data.tokenize import normalize, prose_sentences
 from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
 
@@ -99,14 +99,27 @@ _UNREAD_MAGIC = (
 #: Quoting of CSV/TSV fields: the csv module's standard quoting, or quotes as ordinary characters.
 QUOTINGS = ("csv", "none")
 #: User ids that stand for many people (compared casefolded): deleted accounts, missing values.
-PLACEHOLDER_USER_IDS = frozenset({"[deleted]", "[removed]", "nan", "none", "null", "\\n", "n/a", "#n/a", "undefined"})
+PLACEHOLDER_USER_IDS = frozenset(
+    {"[deleted]", "[removed]", "nan", "none", "null", "\\n", "n/a", "#n/a", "undefined", "<na>", "(null)", "<null>", "n.a.", "#null!"}
+)
+#: Missing-value markers that are placeholders only as written (R's ``NA``, Ruby's ``nil``): ``Na``
+#: may be a person's name.
+PLACEHOLDER_USER_IDS_EXACT = frozenset({"NA", "nil"})
 PLACEHOLDER_USERS = ("skip", "keep")
 #: Texts that stand for a deleted or removed post (Reddit's), compared stripped and casefolded: no data.
 PLACEHOLDER_TEXTS = frozenset({"[deleted]", "[removed]"})
+#: A whole text that is a missing-value marker as tools write one (R, pandas, SQL dumps, Excel),
+#: compared stripped, as written: no data either. (A reply "none" in lower case is kept.)
+MISSING_TEXTS = frozenset({"NA", "<NA>", "NaN", "nan", "NULL", "null", "None", "N/A", "#N/A", "\\N", "undefined"})
 USER_ID_CASES = ("keep", "fold")
 #: A number in scientific notation, or an integer written as a float: ids mangled by a spreadsheet or pandas.
 _SCIENTIFIC_ID = re.compile(r"[+-]?\d(?:\.\d+)?[eE][+-]\d+")  # 1.23457E+18, 5E+11; not hex such as 69e56976
 _FLOAT_INT_ID = re.compile(r"[+-]?\d+\.0+")
+_NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+#: Seconds in the first year of the Unix epoch: a numeric timestamp below it is 1970.
+_EPOCH_FIRST_YEAR = 365 * 86400.0
+#: Characters that show nothing in an id: zero-width space, (non-)joiners, direction marks, word joiner, BOM, soft hyphen.
+_INVISIBLE_IN_ID = re.compile("[\u00ad\u200b-\u200f\u2060\ufeff]")
 #: Epoch seconds of 3000-01-01: a larger timestamp is milliseconds (or finer) since the epoch.
 _MAX_EPOCH_SECONDS = 32503680000.0
 
@@ -232,6 +245,10 @@ class RowConverter:
         self.sentences = 0
         #: rows whose string user id was trimmed or put in NFC form; rows skipped for a placeholder id, by id
         self.normalized_ids = 0
+        #: numeric timestamps in 1970 (dates written as numbers?); ids a spreadsheet may have rounded
+        self.timestamps_in_1970 = 0
+        self.long_numeric_ids = 0  # rows whose id is 16 or more digits
+        self.rounded_id_rows = 0  # of those, rows whose id has only zeros after its 15th digit
         self.skipped_placeholder: Counter[str] = Counter()
         self.placeholder_texts: Counter[str] = Counter()  # rows whose text is '[deleted]' or '[removed]' (also in skipped_empty)
         #: the top-level JSON keys the columns read (a duplicate of one is an error)
@@ -267,6 +284,11 @@ class RowConverter:
         uid = normalized_user_id(value)
         return uid.casefold() if self.user_id_case == "fold" and not isinstance(value, int) else uid
 
+    def seen_user(self, value: str) -> bool:
+        """Whether a raw id (as a CSV field holds it) is that of a row converted before."""
+        uid = self.id_key(value)
+        return uid in self._first_seen[False] or uid in self._first_seen[True]
+
     def user_id(self, value: object, where: int | str | None = None) -> str | None:
         """The user id as a string (:func:`normalized_user_id`; casefolded with ``user_id_case="fold"``),
         or ``None`` for a placeholder id whose row is skipped. Refused when null, empty, of another
@@ -283,10 +305,14 @@ class RowConverter:
         if not is_int:
             if uid != value:
                 self.normalized_ids += 1
-            if uid.casefold() in PLACEHOLDER_USER_IDS and self.placeholder_users == "skip":
+            if (uid.casefold() in PLACEHOLDER_USER_IDS or uid in PLACEHOLDER_USER_IDS_EXACT) and self.placeholder_users == "skip":
                 self.skipped_placeholder[uid] += 1
                 return None
             numeric = uid[0] in "+-.0123456789"
+            if numeric and len(uid) > 15 and uid.isdigit():
+                self.long_numeric_ids += 1
+                if len(uid) - len(uid.rstrip("0")) >= len(uid) - 15:  # no digit beyond the 15th significant one
+                    self.rounded_id_rows += 1
             if numeric and _SCIENTIFIC_ID.fullmatch(uid):
                 raise RowError(
                     f"user id {uid!r} is a number in scientific notation: a spreadsheet rounded it, and users whose ids round "
@@ -307,6 +333,17 @@ class RowConverter:
         self._first_seen[is_int].setdefault(uid, where)
         return uid
 
+    def _timestamp(self, row: Mapping) -> float | None:
+        """The row's timestamp (:func:`parse_timestamp`), or None without a timestamp column; a number
+        in the first year of the epoch is counted (a date written as a number, ``20210315``?)."""
+        if self.timestamp_column is None:
+            return None
+        raw = self._get(row, self.timestamp_column)
+        t = parse_timestamp(raw)
+        if 0 <= t < _EPOCH_FIRST_YEAR and (isinstance(raw, (int, float)) or (isinstance(raw, str) and _NUMBER.fullmatch(raw.strip()))):
+            self.timestamps_in_1970 += 1
+        return t
+
     def _str_list(self, row: Mapping, col: str) -> list[str]:
         v = self._get(row, col)
         if self.split_strings and isinstance(v, str):
@@ -321,12 +358,13 @@ class RowConverter:
         return list(v)
 
     def _text(self, row: Mapping) -> str:
-        """The row's text; ``""`` (counted) for a deleted or removed post's placeholder."""
+        """The row's text; ``""`` (counted) for a deleted or removed post's placeholder or a
+        missing-value marker (:data:`MISSING_TEXTS`)."""
         text = self._get(row, self.text_column)
         if not isinstance(text, str):
             raise RowError(f"column {self.text_column!r} must be a string, got {_type_name(text)}")
         text = _check_unicode(text, f"column {self.text_column!r}")
-        if len(text) < 16 and text.strip().casefold() in PLACEHOLDER_TEXTS:
+        if len(text) < 16 and (text.strip().casefold() in PLACEHOLDER_TEXTS or text.strip() in MISSING_TEXTS):
             self.placeholder_texts[text.strip()] += 1
             return ""
         return text
@@ -340,7 +378,7 @@ class RowConverter:
         uid = self.user_id(self._get(row, self.user_column), where)
         if uid is None:
             return []
-        ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
+        ts = self._timestamp(row)
         clean = normalize if self.normalize_text else (lambda s: " ".join(s.split()))
         texts = [t for t in map(clean, prose_sentences(self._text(row))) if t]
         if not texts:
@@ -355,7 +393,7 @@ class RowConverter:
         uid = self.user_id(self._get(row, self.user_column), where)
         if uid is None:
             return None
-        ts = None if self.timestamp_column is None else parse_timestamp(self._get(row, self.timestamp_column))
+        ts = self._timestamp(row)
         if self.kind == "text":
             text = self._text(row)
             if self.normalize_text:
@@ -372,6 +410,12 @@ class RowConverter:
             blank = next((i for i, x in enumerate(items) if not x.strip()), None)
             if blank is not None:
                 raise RowError(f"column {col!r}: item {blank + 1} is {'empty' if not items[blank] else 'only whitespace'} (tokens and tags must be non-empty)")
+        bad = next((t for t in tags if not TAG.match(t)), None)
+        if bad is not None:
+            raise RowError(
+                f"column {self.tags_column!r}: tag {bad[:30]!r} is not {TAG_HELP} (an entity type needs its scheme letter, "
+                "B-PER rather than PER: the metrics would read it as O)"
+            )
         if not tokens:
             self.skipped_empty += 1
             return None
@@ -388,7 +432,11 @@ def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
         corpus.note(f"{empty} rows of {corpus.name} have an empty {what} and were skipped", skipped_empty=empty)
     if placeholders:
         which = ", ".join(f"{t!r} ({k:,})" for t, k in conv.placeholder_texts.most_common())
-        corpus.note(f"{placeholders:,} rows of {corpus.name} hold a deleted or removed post's placeholder text and were skipped: {which}", skipped_placeholder_text=placeholders)
+        corpus.note(
+            f"{placeholders:,} rows of {corpus.name} hold a deleted or removed post's placeholder text or a missing-value marker "
+            f"as their whole text and were skipped: {which}",
+            skipped_placeholder_text=placeholders,
+        )
     if conv.skipped_placeholder:
         n = sum(conv.skipped_placeholder.values())
         which = ", ".join(f"{u!r} ({k:,})" for u, k in conv.skipped_placeholder.most_common())
@@ -397,12 +445,34 @@ def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
             "people, not one user (placeholder_users='keep' keeps them, as one user)",
             skipped_placeholder=n,
         )
+    if conv.timestamps_in_1970:
+        corpus.note(
+            f"{conv.timestamps_in_1970:,} rows of {corpus.name} have a numeric timestamp in 1970: fedpriv reads a number as "
+            "seconds since 1970-01-01 UTC; a date written as a number (20210315, 2021) or a spreadsheet's day serial (44197) "
+            "reads so: write such dates as ISO-8601 (2021-03-15)",
+            timestamps_in_1970=conv.timestamps_in_1970,
+        )
+    if conv.rounded_id_rows * 2 > conv.long_numeric_ids:  # most long ids so (at random: 1 in 10 for 16 digits, 1 in 10^4 for 19)
+        corpus.note(
+            f"{conv.rounded_id_rows:,} of the {conv.long_numeric_ids:,} rows of {corpus.name} whose user id has 16 or more digits "
+            "have nothing but zeros after the 15th: a "
+            "spreadsheet keeps 15 significant digits, so ids it exported as numbers were probably rounded, and users whose ids "
+            "round alike merged into one; export the ids as text",
+            user_id_rows_maybe_rounded=conv.rounded_id_rows,
+        )
     note_user_ids(corpus, conv)
+
+
+def loose_user_id(uid: str) -> str:
+    """``uid`` with what a reader does not see as a difference removed: compatibility forms (NFKC:
+    full-width letters, no-break spaces), invisible characters, runs of whitespace."""
+    return " ".join(_INVISIBLE_IN_ID.sub("", unicodedata.normalize("NFKC", uid)).split())
 
 
 def note_user_ids(corpus: FederatedCorpus, conv: RowConverter) -> None:
     """Say how many rows' ids were trimmed or put in NFC form, and how many ids differ only in
-    letter case (counts only: the ids themselves are the private users' names)."""
+    letter case, or only in spacing, width or invisible characters (counts only: the ids themselves
+    are the private users' names)."""
     if conv.normalized_ids:
         corpus.note(
             f"{conv.normalized_ids:,} rows of {corpus.name} have a user id with surrounding whitespace or in another Unicode "
@@ -419,6 +489,15 @@ def note_user_ids(corpus: FederatedCorpus, conv: RowConverter) -> None:
                 "only as k users (group privacy); user_id_case='fold' makes each group one user",
                 user_ids_differing_in_case=sum(groups),
             )
+    loose = Counter(loose_user_id(u) for seen in conv._first_seen.values() for u in seen)
+    groups = [k for k in loose.values() if k > 1]
+    if groups:
+        corpus.note(
+            f"{len(groups):,} groups of user ids of {corpus.name} ({sum(groups):,} ids) differ only in spacing, character width or "
+            "invisible characters ('John Smith', 'John  Smith', 'Ｊｏｈｎ Smith'); they are kept apart, so one person with k such ids "
+            "counts as k users, and a per-user epsilon covers that person only as k users (group privacy)",
+            user_ids_differing_in_spacing=sum(groups),
+        )
 
 
 def note_sentences(corpus: FederatedCorpus, conv: RowConverter) -> None:
@@ -554,6 +633,15 @@ def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]
             if not line.strip():
                 continue
             if first and line.lstrip().startswith("["):
+                try:
+                    whole_line = isinstance(json.loads(line), list)
+                except (ValueError, RecursionError):
+                    whole_line = False
+                if whole_line:  # every line an array of values: rows without field names
+                    raise DataFormatError(
+                        path, n, "each line is a JSON array, not an object: the loader reads objects with named fields "
+                        '({"user_id": ..., "text": ...}); give the values names (e.g. jq -c \'{user_id: .[0], text: .[1]}\' FILE)'
+                    )
                 raise DataFormatError(path, n, "a JSON array is not supported: JSON Lines needs one object per line (convert it with jq -c '.[]' FILE)")
             try:
                 obj = json.loads(line)
@@ -572,13 +660,36 @@ def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]
             yield from out
 
 
-def _holds_a_row(field: str, width: int) -> bool:
-    """Whether a TSV field holds, after a line break, a line that reads as a row of its own: as many
-    tab-separated fields as the header, the first not empty (a stray quote joined it); code with
-    tab indentation inside a quoted field does not."""
+def _delimiter_hint(header: list[str], delimiter: str) -> str:
+    """Why a header may lack the columns: its fields are separated by another character."""
+    joined = delimiter.join(header)
+    if delimiter != "\t" and "\t" in joined:
+        return " (the header is tab-separated: pass format='tsv', or --format tsv)"
+    for other, name in ((";", "semicolon"), ("|", "pipe")):
+        if other in joined and len(header) <= 1:
+            return (
+                f" (the header is {name}-separated, as European spreadsheets export CSV: convert the file to commas, e.g. "
+                f"python3 -c \"import csv,sys; w=csv.writer(sys.stdout); w.writerows(csv.reader(sys.stdin, delimiter='{other}'))\" < IN > OUT.csv)"
+            )
+    return ""
+
+
+def _holds_a_row(field: str, width: int, delimiter: str = "\t", is_user: Callable[[str], bool] | None = None, user_at: int = 0) -> bool:
+    """Whether a field holds, after a line break, a line that reads as a row of its own (a stray
+    quote joined it). TSV: as many tab-separated fields as the header, the first not empty (code
+    with tab indentation inside a quoted field is not). CSV, where prose has commas: as many
+    fields as the header, and in the user column an id of a row read before (``is_user``)."""
     for line in field.splitlines()[1:]:
-        cols = line.split("\t")
-        if len(cols) == width and cols[0].strip():
+        if delimiter == "\t":
+            cols = line.split("\t")
+            if len(cols) == width and cols[0].strip():
+                return True
+            continue
+        try:
+            cols = next(csv.reader([line], delimiter=delimiter), [])
+        except csv.Error:
+            continue
+        if len(cols) == width and is_user is not None and is_user(cols[user_at]):
             return True
     return False
 
@@ -597,17 +708,19 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str, quoting: str = "cs
     with open_lines(path) as f:
         lines = (text for _, text in decoded_lines(path, f))
         reader = csv.reader(lines, delimiter=delimiter, strict=True, quoting=csv.QUOTE_NONE if quoting == "none" else csv.QUOTE_MINIMAL)
+        end = 0  # the last physical line of the last whole record read
         try:
             header = next(reader, None)
             if header is None:
                 raise EmptyCorpusError(f"{path}: the file is empty (no header line)")
             missing = [c for c in conv.columns if c not in header]
             if missing:
-                raise DataFormatError(path, reader.line_num, f"missing column(s) {missing} in the header {header}")
+                raise DataFormatError(path, reader.line_num, f"missing column(s) {missing} in the header {header}{_delimiter_hint(header, delimiter)}")
             dup = [c for c in conv.columns if header.count(c) > 1]
             if dup:
                 raise DataFormatError(path, reader.line_num, f"column(s) {dup} appear more than once in the header")
             width = len(header)
+            user_at = header.index(conv.user_column)
             end = reader.line_num
             for rec in reader:
                 start, end = end + 1, reader.line_num
@@ -616,7 +729,7 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str, quoting: str = "cs
                 if end > start:
                     multiline.count += 1
                     multiline.first_line = multiline.first_line or start
-                    if delimiter == "\t" and any(_holds_a_row(v, width) for v in rec):
+                    if any(_holds_a_row(v, width, delimiter, conv.seen_user, user_at) for v in rec):
                         raise DataFormatError(
                             path, start, f"a quoted field starting on this line runs over {end - start} line break(s), and a line "
                             "inside it reads as a row of its own: a stray quote (\") joining other rows into this one? pass "
@@ -633,6 +746,11 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str, quoting: str = "cs
             msg = str(e)
             if "new-line character seen in unquoted field" in msg:
                 msg = "a carriage return inside a field: classic Mac line ends? convert them with tr '\\r' '\\n'"
+            if "unexpected end of data" in msg:  # a quote opened after the last whole record never closed
+                raise DataFormatError(
+                    path, end + 1, f"malformed {what}: a quoted field that opens on this line is never closed (the file ends at line "
+                    f"{reader.line_num}); pass quoting='none' if quotes are ordinary characters in this file"
+                ) from None
             raise DataFormatError(path, reader.line_num, f"malformed {what}: {msg}") from None
 
 

@@ -26,10 +26,12 @@ import unicodedata
 from html.parser import HTMLParser
 
 
-def _mark_class() -> str:
-    """A regex character class of every combining mark (categories Mn, Mc, Me), as ranges."""
-    is_mark = {"Mn", "Mc", "Me"}.__contains__
-    points = itertools.compress(range(sys.maxunicode + 1), map(is_mark, map(unicodedata.category, map(chr, range(sys.maxunicode + 1)))))
+def _mark_class(categories: frozenset[str] = frozenset({"Mn", "Mc", "Me"}), but: frozenset[int] = frozenset()) -> str:
+    """A regex character class of every code point of ``categories`` (default: the combining marks
+    Mn, Mc, Me) except those in ``but``, as ranges."""
+    in_class = categories.__contains__
+    points = itertools.compress(range(sys.maxunicode + 1), map(in_class, map(unicodedata.category, map(chr, range(sys.maxunicode + 1)))))
+    points = (c for c in points if c not in but)
     ranges: list[list[int]] = []
     for c in points:
         if ranges and ranges[-1][1] == c - 1:
@@ -46,7 +48,17 @@ _WORD_PART = rf"[^\W_]+(?:{_MARK}+[^\W_]*)*"
 # A word is a run of letters/digits and the combining marks after them, with inner apostrophes or
 # hyphens (don't, e-mail); every other non-space character (a mark with no word before it too)
 # is a token of its own.
-_TOKEN = re.compile(rf"{_WORD_PART}(?:['\u2019\-]{_WORD_PART})*|[^\w\s]|_", re.UNICODE)
+_TOKEN = re.compile(rf"{_WORD_PART}(?:['\u2019\-\u200c\u200d]{_WORD_PART})*|[^\w\s]|_", re.UNICODE)
+# Invisible characters that are no token: format characters (category Cf: soft hyphen, direction
+# marks, the BOM, word joiner, ...) and variation selectors (they pick a glyph). The zero-width
+# space is a word break (Thai, Khmer and Japanese text mark words with it): a space.
+# The zero-width non-joiner and joiner are kept inside a word (Persian ``می‌خواهم`` is one word)
+# and dropped elsewhere.
+_JOINER = "[\u200c\u200d]"
+_INVISIBLE = re.compile(
+    rf"{_mark_class(frozenset({'Cf'}), but=frozenset({0x200C, 0x200D}))}|[\ufe00-\ufe0f\U000e0100-\U000e01ef]"
+    rf"|(?<![^\W_]){_JOINER}|{_JOINER}(?![^\W_])"
+)
 # ASCII text has no combining marks and is its own NFC form: the same tokens by a smaller pattern.
 _ASCII_TOKEN = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*|[^\w\s]|_")
 # A sentence ends at . ! or ? (possibly repeated, possibly followed by a closing quote or
@@ -56,10 +68,13 @@ _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 
 def tokenize(text: str) -> list[str]:
     """Lowercased tokens of the NFC form of ``text``: words (letters and digits with the combining
-    marks after them, with inner apostrophes/hyphens) and single punctuation marks."""
+    marks after them, with inner apostrophes/hyphens/zero-width (non-)joiners) and single
+    punctuation marks; invisible format characters and variation selectors are dropped, and a
+    zero-width space separates words."""
     if text.isascii():
         return _ASCII_TOKEN.findall(text.lower())
-    return _TOKEN.findall(unicodedata.normalize("NFC", text).lower().replace("\u2019", "'"))
+    visible = _INVISIBLE.sub("", unicodedata.normalize("NFC", text).replace("\u200b", " "))  # a zero-width space breaks words
+    return _TOKEN.findall(visible.lower().replace("\u2019", "'"))
 
 
 def normalize(text: str) -> str:

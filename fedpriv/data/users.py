@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedpriv.data.tabular import PLACEHOLDER_USER_IDS, PLACEHOLDER_USER_IDS_EXACT, normalized_user_id
 from fedpriv.errors import DataFormatError, FedprivError, SourceError
 
 DEFAULT_BLOCK = 10
@@ -77,17 +78,35 @@ def fallback_blocks(unit: str) -> UsersRule:
     return UsersRule(f"{unit}s:{DEFAULT_BLOCK}", "blocks", DEFAULT_BLOCK)
 
 
+def named_user(raw: str) -> str:
+    """A user id a file names (a mapping line, a CoNLL comment), as the tables read ids: a BOM
+    dropped, trimmed, in Unicode NFC form (:func:`fedpriv.data.tabular.normalized_user_id`)."""
+    return normalized_user_id(raw.replace("\ufeff", ""))
+
+
+def placeholder_problem(uid: str) -> str | None:
+    """Why ``uid`` cannot name one user (a deleted account's or a missing value's placeholder:
+    ``[deleted]``, ``nan``, ``NA``, ...), or None."""
+    if uid.casefold() in PLACEHOLDER_USER_IDS or uid in PLACEHOLDER_USER_IDS_EXACT:
+        return f"user id {uid!r} is a placeholder (a deleted account or a missing value): it stands for many people, not one user"
+    return None
+
+
 def read_mapping(mapping: Path, count: int, unit: str, source: Path) -> list[str]:
-    """The user ids of a mapping file, one per line; there must be one per unit of ``source``."""
+    """The user ids of a mapping file, one per line (:func:`named_user`); there must be one per unit
+    of ``source``, and none may be a placeholder (:func:`placeholder_problem`)."""
     if not mapping.is_file():
         raise SourceError(f"{mapping}: no such user-mapping file")
     ids = []
     with open(mapping, encoding="utf-8", errors="strict") as f:
         try:
             for n, line in enumerate(f, start=1):
-                uid = line.strip()
+                uid = named_user(line)
                 if not uid:
                     raise DataFormatError(mapping, n, "empty user id (expected one user id per line)")
+                why = placeholder_problem(uid)
+                if why:
+                    raise DataFormatError(mapping, n, f"{why}; name the user of this {unit}")
                 ids.append(uid)
         except UnicodeDecodeError as e:
             raise DataFormatError(mapping, len(ids) + 1, f"not valid UTF-8 ({e.reason})") from None

@@ -198,6 +198,7 @@ def test_mapping_file(tmp_path):
     [
         ("a\tO\nb\n", 2, r"expected a token and a tag separated by tabs or spaces \(token in column 0, tag in column 1, both detected\), got 'b'"),
         ("a\tO\n\nb\tPERSON\n", 3, r"tag 'PERSON' \(the last column\) is not O or B-/I-/E-/S-/L-/U-<type>; pass tag_column="),
+        ("author\ttext\nu0\tPost number 0\n", 1, r"tag 'text' \(the last column\) is not .*; if line 1 is a table's header, name the table's columns \(-o user_column="),
         ("".join(f"{i % 9 + 1}\ta\tO\n" for i in range(1001)) + "c\tO\n", 1002, r"expected a token number in column 0 \(as on the lines before\), got 'c\\tO'"),
     ],
 )
@@ -335,3 +336,22 @@ def test_spill_to_streams_the_sentences_to_disk_and_reads_the_same(tmp_path, wnu
     assert isinstance(disk.store, SqliteStore)
     assert disk.user_ids == mem.user_ids and disk.notes == mem.notes and disk.info == mem.info
     assert all(disk.examples(u) == mem.examples(u) for u in mem.user_ids[:50])
+
+
+def test_mapping_and_comment_ids_are_read_as_the_tables_read_ids(tmp_path):
+    p = tmp_path / "x.conll"
+    p.write_text("a\tO\n\nb\tO\n\nc\tO\n")
+    m = tmp_path / "users.txt"
+    m.write_text("alice\ncafe\u0301\nalice \n", encoding="utf-8-sig")  # a BOM, an NFD id, trailing space
+    c = load_conll(p, users=f"mapping:{m}")
+    assert {u: len(exs) for u, exs in c.users()} == {"alice": 2, "caf\u00e9": 1}
+    m.write_text("alice\nnan\nbob\n")
+    with pytest.raises(DataFormatError, match="user id 'nan' is a placeholder .* name the user of this sentence") as e:
+        load_conll(p, users=f"mapping:{m}")
+    assert e.value.where == 2
+    q = tmp_path / "y.conll"
+    q.write_text("# author = \ufeffann\na\tO\n\n# author = [deleted]\nb\tO\n")
+    with pytest.raises(DataFormatError, match=r"sentence 2: its '# author = \[deleted\]' comment: user id '\[deleted\]' is a placeholder"):
+        load_conll(q, users="comment:author")
+    q.write_text("# author = \ufeffann\na\tO\n\n# author = ann \nb\tO\n")
+    assert load_conll(q, users="comment:author").user_ids == ("ann",)

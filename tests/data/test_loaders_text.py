@@ -229,3 +229,21 @@ def test_stackexchange_streams_a_big_dump_in_bounded_memory(tmp_path):
     # over an idle interpreter well under that.
     assert (rss_kb - int(base.stdout)) / 1024 < 40, (rss_kb, base.stdout)
     del resource
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("\u0645\u0646 \u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645", ["\u0645\u0646", "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645"]),  # ZWNJ inside a Persian word
+        ("inter\u00adnational", ["international"]),  # soft hyphen
+        ("I \u2764\ufe0f NY", ["i", "\u2764", "ny"]),  # variation selector
+        ("\u200b", []),
+        ("\u0e41\u0e21\u0e27\u200b\u0e01\u0e34\u0e19", ["\u0e41\u0e21\u0e27", "\u0e01\u0e34\u0e19"]),  # a zero-width space breaks Thai words
+        ("\u200ehello\u200f w\ufefforld\u2060", ["hello", "world"]),  # direction marks, BOM, word joiner
+        ("x \u200c y \u200d", ["x", "y"]),  # joiners outside a word
+        ("\U0001f468\u200d\U0001f469", ["\U0001f468", "\U0001f469"]),
+    ],
+)
+def test_invisible_characters_are_no_tokens(text, want):
+    assert tokenize(text) == want
+    assert normalize(normalize(text)) == normalize(text)

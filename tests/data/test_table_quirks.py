@@ -61,7 +61,7 @@ def test_deleted_and_removed_post_texts_are_skipped_and_counted(tmp_path, unit):
     c = load_table(p, user_column="author", text_column="body", unit=unit)
     assert c.num_examples == 3 and c.user_ids == ("ada", "bob", "cy")  # a post that says more than the placeholder is text
     note = notes(c)
-    assert "2 rows of reddit.jsonl hold a deleted or removed post's placeholder text and were skipped: '[removed]' (1), '[Deleted]' (1)" in note
+    assert "2 rows of reddit.jsonl hold a deleted or removed post's placeholder text or a missing-value marker as their whole text and were skipped: '[removed]' (1), '[Deleted]' (1)" in note
     assert "1 rows of reddit.jsonl have an empty text and were skipped" in note
 
 
@@ -277,3 +277,109 @@ def test_gzip_still_reads_and_names_its_lines(tmp_path):
     p.write_bytes(gzip.compress(b'{"user_id": "ada", "text": "x"}\n{"user_id": null, "text": "y"}\n', mtime=0))
     with pytest.raises(DataFormatError, match=r"g\.jsonl\.gz:2: null user id"):
         load_table(p)
+
+
+# ---- what R, pandas, Excel and tagging tools write (a review of loaders on files not bundled, 2026-11-29) ----
+
+
+def test_missing_value_ids_as_r_and_pandas_write_them_are_placeholders(tmp_path):
+    ids = ["NA", "ada", "<NA>", "nil", "(null)", "N.A.", "bob", "Na"]
+    p = tmp_path / "r.csv"
+    p.write_text("user_id,text\n" + "".join(f"{u},{s}\n" for u, s in zip(ids, SENTENCES * 2)), encoding="utf-8")
+    c = load_table(p)
+    assert c.user_ids == ("Na", "ada", "bob")  # 'Na' may be a name: only R's 'NA' as written is a missing value
+    assert "5 rows of r.csv have a placeholder user id and were skipped" in notes(c)
+
+
+def test_a_whole_text_that_is_a_missing_value_marker_is_skipped_and_counted(tmp_path):
+    texts = ["NA", "nan", " NULL ", "None", "#N/A", "none", "NA is the answer"]
+    p = tmp_path / "t.csv"
+    p.write_text("user_id,text\n" + "".join(f"u{i},{t}\n" for i, t in enumerate(texts)), encoding="utf-8")
+    c = load_table(p)
+    assert [e.text for e in c.records()] == ["none", "na is the answer"]  # a reply "none" in lower case is text
+    assert "5 rows of t.csv hold a deleted or removed post's placeholder text or a missing-value marker" in notes(c)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "csv"])
+def test_a_tag_without_its_scheme_letter_is_refused_with_the_line(tmp_path, fmt):
+    rows = [(["John", "Smith", "visited", "Paris"], ["B-PER", "I-PER", "O", "B-LOC"]), (["Ann", "left"], ["PER", "O"])]
+    if fmt == "jsonl":
+        p = jsonl(tmp_path / "t.jsonl", [{"user_id": f"u{i}", "tokens": t, "tags": g} for i, (t, g) in enumerate(rows)])
+    else:
+        p = tmp_path / "t.csv"
+        p.write_text("user_id,tokens,tags\n" + "".join(f"u{i},{' '.join(t)},{' '.join(g)}\n" for i, (t, g) in enumerate(rows)))
+    with pytest.raises(DataFormatError, match="column 'tags': tag 'PER' is not O or B-/I-/E-/S-/L-/U-<type>") as e:
+        load_table(p, tokens_column="tokens", tags_column="tags")
+    assert e.value.where == (2 if fmt == "jsonl" else 3)
+
+
+def test_csv_stray_quote_joining_rows_of_known_users_is_refused_and_prose_with_commas_is_not(tmp_path):
+    rows = [f"u{i % 4},Post number {i} says hello." for i in range(12)]
+    rows[5] = 'u1,"I said hi'
+    rows[9] = 'u1,great point"'
+    p = tmp_path / "stray.csv"
+    assert refused_at(p, "user_id,text\n" + "\n".join(rows) + "\n", "runs over 4 line break.* a stray quote") == 7
+    assert load_table(p, quoting="none").num_examples == 12
+    prose = tmp_path / "prose.csv"  # a quoted post over lines with commas in them: one example
+    prose.write_text('user_id,text\nu1,first\nu2,"Dear all, thanks.\nSee you, u1, soon\nBye, all"\n', encoding="utf-8")
+    assert [e.text for e in load_table(prose).records()] == ["first", "dear all , thanks . see you , u1 , soon bye , all"]
+
+
+def test_ids_differing_only_in_spacing_width_or_invisible_characters_are_counted(tmp_path):
+    ids = ["John Smith", "John\u00a0Smith", "John  Smith", "John Smith\u200b", "\uff2aohn Smith", "Ann"]
+    p = jsonl(tmp_path / "ids.jsonl", [{"user_id": u, "text": "hello"} for u in ids])
+    c = load_table(p)
+    assert c.num_users == 6  # kept apart, as written
+    assert "1 groups of user ids of ids.jsonl (5 ids) differ only in spacing, character width or invisible characters" in notes(c)
+    assert c.info["user_ids_differing_in_spacing"] == 5
+
+
+def refused_at(path: Path, content: str, match: str) -> int | None:
+    """Write ``content`` to ``path``; the line at which load_table refuses it with ``match``."""
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(DataFormatError, match=match) as e:
+        load_table(path)
+    return e.value.where
+
+
+def test_a_header_with_another_delimiter_says_which_and_what_to_do(tmp_path):
+    assert refused_at(tmp_path / "semi.csv", "user_id;text\nu1;hello\n", "the header is semicolon-separated.*delimiter=';'") == 1
+    assert refused_at(tmp_path / "tab.csv", "user_id\ttext\nu1\thello\n", "the header is tab-separated: pass format='tsv'") == 1
+    assert load_table(tmp_path / "tab.csv", format="tsv").num_examples == 1
+
+
+def test_lines_that_are_arrays_of_values_get_their_own_hint(tmp_path):
+    p = tmp_path / "rows.jsonl"
+    p.write_text('["u1", "hello there"]\n["u2", "bye"]\n', encoding="utf-8")
+    with pytest.raises(DataFormatError, match=r"each line is a JSON array, not an object.*jq -c '\{user_id: \.\[0\], text: \.\[1\]\}'"):
+        load_table(p)
+    arr = tmp_path / "arr.json"
+    arr.write_text('[\n{"user_id": "u1", "text": "x"}\n]\n', encoding="utf-8")
+    with pytest.raises(DataFormatError, match=r"a JSON array is not supported.*jq -c '\.\[\]'"):
+        load_table(arr, format="jsonl")
+
+
+def test_a_numeric_column_name_is_told_how_to_quote_it(tmp_path):
+    p = tmp_path / "pd.csv"
+    p.write_text("0,1\nu1,hello\n", encoding="utf-8")
+    with pytest.raises(SourceError, match=r"""option user_column must be a string, got 0 \(a column named 0\? quote it: -o 'user_column="0"'"""):
+        open_corpus(str(p), user_column=0, text_column="1")
+    assert open_corpus(str(p), user_column="0", text_column="1").num_examples == 1
+
+
+def test_numeric_timestamps_in_1970_are_counted_in_a_note(tmp_path):
+    p = tmp_path / "d.csv"
+    p.write_text("user_id,text,date\nu1,hello,20210315\nu2,bye,2021\nu3,ok,1615766400\nu4,iso,1970-02-01\n", encoding="utf-8")
+    c = load_table(p, timestamp_column="date")
+    assert c.info["timestamps_in_1970"] == 2  # not the epoch seconds of 2021, not the ISO date written out
+    assert "2 rows of d.csv have a numeric timestamp in 1970" in notes(c)
+
+
+def test_long_ids_rounded_by_a_spreadsheet_are_noted_and_real_long_ids_are_not(tmp_path):
+    rounded = ["1234567890123450000", "1234567890123460000", "9876543210987650000"]
+    real = ["1234567890123456789", "1234567890123456788", "9876543210987650000"]  # a real id may end in zeros
+    for name, ids, noted in (("rounded", rounded, True), ("real", real, False)):
+        p = tmp_path / f"{name}.csv"
+        p.write_text("user_id,text\n" + "".join(f"{u},hello\n" for u in ids), encoding="utf-8")
+        c = load_table(p)
+        assert ("have nothing but zeros after the 15th" in notes(c)) is noted, name
