@@ -254,9 +254,9 @@ def table(results: list[dict]) -> str:
         for r in res["cohorts"]:
             extra = i["data_mb"] - base["info"]["data_mb"]
             growth = (r["peak_rounds_mb"] - base_peak[r["cohort"]]) / extra if r["cohort"] in base_peak and extra > 1 else None
-            lines.append(f"| {i['population']} | {i['users']:,} | {i['examples']:,} | {i['data_mb']:.0f} | {i['rss_data_mb']:.0f} | {r['cohort']:,} | {r['chunk']} | "
-                         f"{r['steps']:,.0f} | {r['round_s']:.2f} | {r['ms_per_step']:.2f} | {r['updates_per_s']:.0f} | {r['peak_rounds_mb']:.0f} | "
-                         f"{r['peak_rounds_mb'] / i['data_mb']:.1f} | {'-' if growth is None else f'{growth:.2f}'} |")
+            lines.append(f"| {i['population']} | {i['users']:,} | {i['examples']:,} | {i['data_mb']:,.0f} | {i['rss_data_mb']:,.0f} | {r['cohort']:,} | {r['chunk']} | "
+                         f"{r['steps']:,.0f} | {r['round_s']:.2f} | {r['ms_per_step']:.2f} | {r['updates_per_s']:.0f} | {r['peak_rounds_mb']:,.0f} | "
+                         f"{r['peak_rounds_mb'] / i['data_mb']:.3g} | {'-' if growth is None else f'{growth:.2f}'} |")
     return "\n".join(lines)
 
 
