@@ -19,7 +19,9 @@ are enumerated in SQL (one index seek per client with TFF's ``(split_name, clien
 one scan of the split without it), and what would lose rows silently is refused, naming the
 file and the row or client: a NULL ``client_id``, one that is not text (an untyped column holding
 ``12`` and ``'12'`` read as two users of one name), a client with rows in ``examples`` that
-``client_metadata`` does not list (when it lists the split), a client listed twice. A row whose
+``client_metadata`` does not list (when it lists the split), a client listed twice, a client
+listed with 0 examples that has rows. A client listed with 0 examples and no rows is no user (it
+has nothing to train on; a note counts them). A row whose
 ``tokens`` is empty is an empty example, as TFF reads it (``empty_tokens='error'`` refuses it
 when its client is read: a client's count is known before its rows are read, so such a row
 cannot be skipped there). A file locked by a writing process is said to be locked, not unreadable.
@@ -41,7 +43,7 @@ import numpy as np
 from fedpriv.data.corpus import FederatedCorpus
 from fedpriv.data.examples import Example, TextExample
 from fedpriv.data.stores import UserStore, user_sort_key
-from fedpriv.errors import DataFormatError, FedprivError, SourceError
+from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
 
 # ---- protobuf wire format for tf.train.Example ----------------------------------------------------
 #
@@ -409,9 +411,19 @@ class TffSqliteStore(UserStore):
                         f"(it lists {len(listed):,} client{'' if len(listed) == 1 else 's'} of the split); the file is incomplete: add the client to client_metadata, "
                         "or drop that table to read the clients from 'examples'",
                     )
-            ids = list(listed)
+            ids = [c for c, n in listed.items() if n > 0]  # a client with no example is no user: nothing to train on
+            for c in (c for c, n in listed.items() if n == 0):  # unless its rows say otherwise: never dropped unseen
+                if self._con.execute("SELECT 1 FROM examples WHERE split_name=? AND client_id=? LIMIT 1", (self.split, c)).fetchone():
+                    raise DataFormatError(
+                        self.path, f"client_metadata, client {_show(c)}", f"num_examples is 0 but table 'examples' holds rows of this client in split {self.split!r}"
+                    )
+            #: clients that client_metadata lists with 0 examples of the split (said in a note)
+            self.empty_clients = len(listed) - len(ids)
+            if not ids and listed:
+                raise EmptyCorpusError(f"{self.path}: client_metadata lists {len(listed):,} clients of split {self.split!r}, each with 0 examples")
         else:
             self._meta_counts = None
+            self.empty_clients = 0
             ids = list(self._clients())
         if not ids:
             raise FedprivError(f"{self.path}: no split {self.split!r}; the file has splits {self.splits()}")
@@ -547,7 +559,15 @@ def load_tff_sqlite(
     """A lazy corpus over one split (``train``, ``heldout`` or ``test``) of TFF's Stack Overflow file
     (see :class:`TffSqliteStore` for what is refused; ``empty_tokens='error'`` refuses a row whose
     ``tokens`` is empty instead of reading it as an empty example, as TFF does)."""
-    return FederatedCorpus(TffSqliteStore(path, split, field, empty_tokens), name=f"stackoverflow-tff:{split}")
+    store = TffSqliteStore(path, split, field, empty_tokens)
+    corpus = FederatedCorpus(store, name=f"stackoverflow-tff:{split}")
+    if store.empty_clients:
+        corpus.note(
+            f"{store.empty_clients:,} clients of split {split!r} are listed in client_metadata with 0 examples and are not users "
+            "(nothing to train on; a user-level N counts only clients with data)",
+            empty_clients=store.empty_clients,
+        )
+    return corpus
 
 
 # ---- writer -----------------------------------------------------------------------------------------

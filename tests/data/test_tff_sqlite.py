@@ -596,3 +596,18 @@ def test_a_file_locked_by_a_writer_is_said_to_be_locked(so_file, monkeypatch):
         writer.close()
     assert store.examples("alice") == [TextExample("from alice", None)]
     store.close()
+
+
+def test_a_client_listed_with_no_examples_is_no_user_and_is_noted(so_file):
+    con = sqlite3.connect(so_file)
+    con.execute("INSERT INTO client_metadata VALUES ('ghost', 'train', 0)")
+    con.commit()
+    corpus = load_tff_sqlite(so_file)
+    assert list(corpus.user_ids) == ["2", "10", "alice"] and corpus.counts().tolist() == [2, 3, 1]
+    assert corpus.info["empty_clients"] == 1
+    assert "1 clients of split 'train' are listed in client_metadata with 0 examples and are not users" in corpus.notes[0]
+    con.execute("UPDATE client_metadata SET num_examples = 0 WHERE client_id = 'alice' AND split_name = 'train'")
+    con.commit()
+    con.close()
+    with pytest.raises(DataFormatError, match="client alice.*num_examples is 0 but table 'examples' holds rows of this client"):
+        load_tff_sqlite(so_file)
