@@ -272,9 +272,12 @@ class SqliteStore(UserStore):
         if tmp.exists():
             tmp.unlink()
         try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # a copy of the users' data: readable by its owner only
             con = sqlite3.connect(str(tmp))
-        except sqlite3.Error as e:
-            raise FedprivError(f"spill_to {path}: cannot write a corpus store there ({e})") from None
+        except (sqlite3.Error, OSError) as e:
+            if not isinstance(e, OSError):  # (an OSError: nothing was created)
+                tmp.unlink(missing_ok=True)
+            raise FedprivError(f"spill_to {path}: cannot write a corpus store there ({getattr(e, 'strerror', None) or e})") from None
         try:
             con.execute("CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT)")
             con.execute("CREATE TABLE examples (user_id TEXT, seq INTEGER, payload TEXT)")

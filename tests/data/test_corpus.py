@@ -197,7 +197,7 @@ def test_spill_failure_leaves_no_file(tmp_path):
     ("", "spill_to '': not a file path"),
     ("a\x00b", "spill_to 'a\\x00b': not a file path"),
     ("folder", "spill_to {tmp}/folder: not a file path (a folder is there)"),
-    ("file/s.sqlite", "spill_to {tmp}/file/s.sqlite: cannot write a corpus store there (unable to open database file)"),
+    ("file/s.sqlite", "spill_to {tmp}/file/s.sqlite: cannot write a corpus store there (Not a directory)"),
 ])
 def test_a_spill_target_that_cannot_be_written_is_refused_in_one_line(where, message, tmp_path):
     (tmp_path / "folder").mkdir()
@@ -207,6 +207,18 @@ def test_a_spill_target_that_cannot_be_written_is_refused_in_one_line(where, mes
         FederatedCorpus.from_stream([("a", TextExample("x"))], "text", spill_to=str(tmp_path / where) if where.startswith(("folder", "file")) else where)
     assert str(e.value) == message.format(tmp=tmp_path)
     assert sorted(tmp_path.rglob("*")) == before
+
+
+def test_a_spill_is_readable_by_its_owner_only(tmp_path):
+    """A spill is a copy of the users' data: whatever the umask, other users cannot read it."""
+    import os
+
+    old = os.umask(0o022)
+    try:
+        FederatedCorpus.from_stream([("a", TextExample("x"))], "text", spill_to=tmp_path / "s.sqlite")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "s.sqlite").stat().st_mode & 0o777 == 0o600
 
 
 def test_tagged_examples_spill_round_trip(tmp_path):
