@@ -15,6 +15,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -492,19 +493,20 @@ TERMINATED = 143
 _sigterm_received = False
 
 
-def _on_sigterm(signum: int, frame: object) -> None:
+def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
     """SIGTERM stops the command the way Ctrl-C does (an exception where it was: open files are
     closed, temporary spills removed; checkpoints are written atomically, so the same command
     resumes), and :func:`main` says so and exits 143."""
     global _sigterm_received
     _sigterm_received = True
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a scheduler's second SIGTERM must not cut the cleanup short
     raise KeyboardInterrupt
 
 
 def _interrupted() -> int:
     """Say how the command was stopped, and the exit status that says it too."""
     if _sigterm_received:
-        err.print("fedpriv: terminated (SIGTERM); run the same command to resume from the last checkpoint", markup=False, soft_wrap=True)
+        err.print("fedpriv: terminated (SIGTERM); a training run resumes from its last checkpoint when the same command runs again", markup=False, soft_wrap=True)
         return TERMINATED
     err.print("fedpriv: interrupted", markup=False)
     return INTERRUPTED
@@ -529,6 +531,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except click.exceptions.Exit as e:
         return e.exit_code
+    except SystemExit as e:  # Ray's SIGTERM handler (a Flower simulation) exits with the signal's number
+        if e.code != signal.SIGTERM:
+            raise
+        global _sigterm_received
+        _sigterm_received = True
+        return _interrupted()
     except click.ClickException as e:
         e.show()
         return e.exit_code
@@ -557,7 +565,6 @@ def console() -> None:
     users; they are freed by reference counting as before. Only here, never in :func:`main`, which
     tests call in one long process. SIGTERM is handled here too (:func:`_on_sigterm`)."""
     import gc
-    import signal
 
     signal.signal(signal.SIGTERM, _on_sigterm)
     code = main()
@@ -570,8 +577,11 @@ def console() -> None:
         import atexit
 
         atexit._run_exitfuncs()
-        sys.stdout.flush()
-        sys.stderr.flush()
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe (| head), a closed stream
+                pass
         os._exit(code)
     sys.exit(code)
 

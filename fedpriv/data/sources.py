@@ -196,7 +196,7 @@ def _check_option_types(fn: Callable[..., Any], options: dict[str, Any], what: s
         want = _type_name(hint)
         if want is not None and not _fits(value, hint):
             quote = ""
-            if want.startswith("a string") and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if name.endswith("_column") and isinstance(value, (int, float)) and not isinstance(value, bool):
                 quote = f" (a column named {value}? quote it: -o '{name}=\"{value}\"', or --set 'data.options.{name}=\"{value}\"')"
             raise SourceError(f"{what}: option {name} must be {want}, got {json.dumps(value, default=repr)[:40]}{quote}")
 

@@ -105,15 +105,16 @@ class PackedStore(UserStore):
     ``starts``; examples are grouped by user in :func:`user_sort_key` order, each user's in source
     order, and ``user_starts`` cuts them into users. Tagged examples keep their tags the same way
     (ids into a tag table, aligned with the tokens). A user's examples are rebuilt when asked.
-    Timestamps are one float64 each (with a flag for "none"). A text whose words joined by single
-    spaces are not the text itself (an un-normalized source) is kept as written, aside, so every
+    Timestamps are one float64 each (with a flag for "none"). An example that the arrays would not
+    give back exactly (a text whose words joined by single spaces are not the text itself, from an
+    un-normalized source; a timestamp that is not a float) is kept as it was, aside, so every
     example comes back exactly as the loader gave it. About 4 bytes a word and 21 an example,
     against about 300 for the example objects and their strings.
     """
 
     def __init__(self, kind: Kind, user_ids: Sequence[str], user_starts: np.ndarray, words: Sequence[str],
                  tokens: np.ndarray, starts: np.ndarray, timestamps: np.ndarray, has_time: np.ndarray,
-                 tags: Sequence[str] = (), tag_ids: np.ndarray | None = None, texts: dict[int, str] | None = None):
+                 tags: Sequence[str] = (), tag_ids: np.ndarray | None = None, aside: dict[int, Example] | None = None):
         self.kind = kind
         self._ids = tuple(user_ids)
         self._index = {u: i for i, u in enumerate(self._ids)}
@@ -122,7 +123,7 @@ class PackedStore(UserStore):
         self._tokens, self._starts = tokens, starts
         self._times, self._has_time = timestamps, has_time
         self._tags, self._tag_ids = tuple(tags), tag_ids
-        self._texts = texts or {}
+        self._aside = aside or {}
 
     @classmethod
     def build(cls, stream: Iterable[tuple[str, Example]], kind: Kind, name: str = "corpus") -> "PackedStore":
@@ -140,7 +141,7 @@ class PackedStore(UserStore):
         users, words, tags = numbering(), numbering(), numbering()
         owner, lengths, tokens, tag_ids = array("i"), array("q"), array("i"), array("i")
         times, has_time = array("d"), array("b")
-        texts: dict[int, str] = {}
+        aside: dict[int, Example] = {}
         tagged = kind == "tagged"
         for n, (user_id, ex) in enumerate(stream):
             if kind_of(ex) != kind:
@@ -152,11 +153,13 @@ class PackedStore(UserStore):
             else:
                 toks = ex.text.split()
                 if " ".join(toks) != ex.text:
-                    texts[n] = ex.text
+                    aside[n] = ex
             lengths.append(len(toks))
             tokens.extend(map(words.__getitem__, toks))
             t = ex.timestamp
-            times.append(0.0 if t is None else t)
+            if t is not None and type(t) is not float:  # an int (2**60 + 1 is no float64) or a float subclass
+                aside[n] = ex
+            times.append(t if type(t) is float else 0.0)  # (an example aside keeps its own)
             has_time.append(t is not None)
         if not users:
             raise EmptyCorpusError(f"{name}: the source produced no examples")
@@ -171,15 +174,16 @@ class PackedStore(UserStore):
         lens = np.frombuffer(lengths, dtype=np.int64)
         starts = np.zeros(len(lens) + 1, dtype=np.int64)
         np.cumsum(lens[order], out=starts[1:])
-        position = np.empty(len(order), dtype=np.int64)
-        position[order] = np.arange(len(order))
+        if aside:
+            position = np.empty(len(order), dtype=np.int64)
+            position[order] = np.arange(len(order))
+            aside = {int(position[n]): ex for n, ex in aside.items()}
         ids_in_order = [np.frombuffer(tokens, dtype=np.int32)] + ([np.frombuffer(tag_ids, dtype=np.int32)] if tagged else [])
         flat = _grouped(ids_in_order, lens, order, starts)
         return cls(
             kind, ids, user_starts, tuple(words), flat[0], starts,
-            np.frombuffer(times, dtype=np.float64)[order], np.frombuffer(has_time, dtype=np.int8)[order].astype(bool),
-            tuple(tags), flat[1] if tagged else None,
-            {int(position[n]): t for n, t in texts.items()},
+            np.frombuffer(times, dtype=np.float64)[order], np.frombuffer(has_time, dtype=np.bool_)[order],
+            tuple(tags), flat[1] if tagged else None, aside,
         )
 
     def user_ids(self) -> Sequence[str]:
@@ -199,17 +203,20 @@ class PackedStore(UserStore):
         words = self._words
         times = [t if h else None for t, h in zip(self._times[lo:hi].tolist(), self._has_time[lo:hi].tolist())]
         base = s[0]
+        out: list[Example]
         if self.kind == "tagged":
             tags, tag_ids = self._tags, self._tag_ids[s[0] : s[-1]].tolist()
-            return [
+            out = [
                 TaggedExample(tuple(words[w] for w in toks[a - base : b - base]), tuple(tags[g] for g in tag_ids[a - base : b - base]), t)
                 for a, b, t in zip(s, s[1:], times)
             ]
-        aside = self._texts
-        return [
-            TextExample(aside[lo + k] if lo + k in aside else " ".join([words[w] for w in toks[a - base : b - base]]), t)
-            for k, (a, b, t) in enumerate(zip(s, s[1:], times))
-        ]
+        else:
+            out = [TextExample(" ".join([words[w] for w in toks[a - base : b - base]]), t) for a, b, t in zip(s, s[1:], times)]
+        if self._aside:
+            for k in range(hi - lo):
+                if lo + k in self._aside:
+                    out[k] = self._aside[lo + k]
+        return out
 
     def word_table(self) -> Sequence[str] | None:
         return self._words if self.kind == "text" else None

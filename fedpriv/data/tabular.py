@@ -633,11 +633,7 @@ def _jsonl_rows(path: Path, conv: RowConverter) -> Iterator[tuple[str, Example]]
             if not line.strip():
                 continue
             if first and line.lstrip().startswith("["):
-                try:
-                    whole_line = isinstance(json.loads(line), list)
-                except (ValueError, RecursionError):
-                    whole_line = False
-                if whole_line:  # every line an array of values: rows without field names
+                if line.lstrip()[1:].lstrip()[:1] not in ("", "{", "]"):  # an array of values, not of objects: a row without names
                     raise DataFormatError(
                         path, n, "each line is a JSON array, not an object: the loader reads objects with named fields "
                         '({"user_id": ..., "text": ...}); give the values names (e.g. jq -c \'{user_id: .[0], text: .[1]}\' FILE)'
@@ -700,6 +696,9 @@ class MultilineRecords:
     def __init__(self) -> None:
         self.count = 0
         self.first_line: int | None = None
+        #: CSV records with a line inside a quoted field that reads as a row of a user seen before
+        self.row_like = 0
+        self.first_row_like: int | None = None
 
 
 def _csv_rows(path: Path, conv: RowConverter, delimiter: str, quoting: str = "csv", multiline: MultilineRecords | None = None) -> Iterator[tuple[str, Example]]:
@@ -730,11 +729,15 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str, quoting: str = "cs
                     multiline.count += 1
                     multiline.first_line = multiline.first_line or start
                     if any(_holds_a_row(v, width, delimiter, conv.seen_user, user_at) for v in rec):
-                        raise DataFormatError(
-                            path, start, f"a quoted field starting on this line runs over {end - start} line break(s), and a line "
-                            "inside it reads as a row of its own: a stray quote (\") joining other rows into this one? pass "
-                            "quoting='none' if quotes are ordinary characters in this file"
-                        )
+                        if delimiter == "\t":
+                            raise DataFormatError(
+                                path, start, f"a quoted field starting on this line runs over {end - start} line break(s), and a line "
+                                "inside it reads as a row of its own: a stray quote (\") joining other rows into this one? pass "
+                                "quoting='none' if quotes are ordinary characters in this file"
+                            )
+                        # CSV: prose has commas, so a line may read as a row by chance ("bob, thanks"): said, not refused
+                        multiline.row_like += 1
+                        multiline.first_row_like = multiline.first_row_like or start
                 if len(rec) != width:
                     raise DataFormatError(path, reader.line_num, f"{len(rec)} fields but the header has {width}")
                 try:
@@ -755,12 +758,20 @@ def _csv_rows(path: Path, conv: RowConverter, delimiter: str, quoting: str = "cs
 
 
 def note_multiline(corpus: FederatedCorpus, multiline: MultilineRecords) -> None:
-    """Say how many CSV/TSV records spanned several lines: a stray quote joins rows this way."""
+    """Say how many CSV/TSV records spanned several lines, and how many of them hold a line that
+    reads as a row of a known user (CSV; a TSV refuses those): a stray quote joins rows this way."""
     if multiline.count:
         corpus.note(
             f"{multiline.count:,} records of {corpus.name} span several lines (quoted fields holding line breaks; the first "
             f"starts at line {multiline.first_line}): if a stray quote joined rows, pass quoting='none'",
             multiline_records=multiline.count,
+        )
+    if multiline.row_like:
+        corpus.note(
+            f"{multiline.row_like:,} of them hold a line that reads as a row of a user seen before (the first record starts at "
+            f"line {multiline.first_row_like}): a stray quote joining other users' rows into one example, or a post quoting "
+            "such a line? look there; quoting='none' reads quotes as ordinary characters",
+            row_like_records=multiline.row_like,
         )
 
 

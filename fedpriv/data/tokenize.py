@@ -26,12 +26,10 @@ import unicodedata
 from html.parser import HTMLParser
 
 
-def _mark_class(categories: frozenset[str] = frozenset({"Mn", "Mc", "Me"}), but: frozenset[int] = frozenset()) -> str:
-    """A regex character class of every code point of ``categories`` (default: the combining marks
-    Mn, Mc, Me) except those in ``but``, as ranges."""
-    in_class = categories.__contains__
-    points = itertools.compress(range(sys.maxunicode + 1), map(in_class, map(unicodedata.category, map(chr, range(sys.maxunicode + 1)))))
-    points = (c for c in points if c not in but)
+def _mark_class() -> str:
+    """A regex character class of every combining mark (categories Mn, Mc, Me), as ranges."""
+    is_mark = {"Mn", "Mc", "Me"}.__contains__
+    points = itertools.compress(range(sys.maxunicode + 1), map(is_mark, map(unicodedata.category, map(chr, range(sys.maxunicode + 1)))))
     ranges: list[list[int]] = []
     for c in points:
         if ranges and ranges[-1][1] == c - 1:
@@ -43,22 +41,27 @@ def _mark_class(categories: frozenset[str] = frozenset({"Mn", "Mc", "Me"}), but:
 
 # Python's ``\w`` holds letters and digits but no combining marks, so a mark after a word's
 # first letter or digit is allowed separately (an unambiguous pattern: marks, then letters/digits).
+# The zero-width non-joiner and joiner continue a word as marks do (Persian ``می‌خواهم``, a
+# Devanagari half form ``क्‍ष``, a Malayalam chillu ``ന്‍``).
 _MARK = _mark_class()
-_WORD_PART = rf"[^\W_]+(?:{_MARK}+[^\W_]*)*"
+_JOINER = "[\u200c\u200d]"
+_WORD_PART = rf"[^\W_]+(?:(?:{_MARK}|{_JOINER})+[^\W_]*)*"
 # A word is a run of letters/digits and the combining marks after them, with inner apostrophes or
 # hyphens (don't, e-mail); every other non-space character (a mark with no word before it too)
 # is a token of its own.
-_TOKEN = re.compile(rf"{_WORD_PART}(?:['\u2019\-\u200c\u200d]{_WORD_PART})*|[^\w\s]|_", re.UNICODE)
-# Invisible characters that are no token: format characters (category Cf: soft hyphen, direction
-# marks, the BOM, word joiner, ...) and variation selectors (they pick a glyph). The zero-width
-# space is a word break (Thai, Khmer and Japanese text mark words with it): a space.
-# The zero-width non-joiner and joiner are kept inside a word (Persian ``می‌خواهم`` is one word)
-# and dropped elsewhere.
-_JOINER = "[\u200c\u200d]"
-_INVISIBLE = re.compile(
-    rf"{_mark_class(frozenset({'Cf'}), but=frozenset({0x200C, 0x200D}))}|[\ufe00-\ufe0f\U000e0100-\U000e01ef]"
-    rf"|(?<![^\W_]){_JOINER}|{_JOINER}(?![^\W_])"
+_TOKEN = re.compile(rf"{_WORD_PART}(?:['\u2019\-]{_WORD_PART})*|[^\w\s]|_", re.UNICODE)
+# Invisible characters that are no token (default-ignorable: the soft hyphen, direction marks
+# and isolates, the Arabic letter mark, word joiner and invisible operators, the BOM, variation
+# selectors, tag characters, musical formatting) are dropped; so is a joiner that follows no
+# letter, digit or mark (between emoji, after a space). Visible format characters (the Arabic
+# number sign U+0600, end of ayah U+06DD) are kept. The zero-width space is a word break (Thai,
+# Khmer and Japanese text mark words with it): a space.
+_IGNORABLE = (
+    "[\u00ad\u061c\u180b-\u180f\u200e\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufe00-\ufe0f\ufeff"
+    "\ufff9-\ufffb\U0001d173-\U0001d17a\U000e0001\U000e0020-\U000e007f\U000e0100-\U000e01ef]"
 )
+_ANY_INVISIBLE = re.compile(rf"{_IGNORABLE}|[\u200b-\u200d]")
+_INVISIBLE = re.compile(rf"{_IGNORABLE}|(?<![^\W_])(?<!{_MARK}){_JOINER}")
 # ASCII text has no combining marks and is its own NFC form: the same tokens by a smaller pattern.
 _ASCII_TOKEN = re.compile(r"[^\W_]+(?:['\-][^\W_]+)*|[^\w\s]|_")
 # A sentence ends at . ! or ? (possibly repeated, possibly followed by a closing quote or
@@ -68,13 +71,14 @@ _SENTENCE_END = re.compile(r"(?:(?<=[.!?])|(?<=[.!?][\"')\]]))\s+")
 
 def tokenize(text: str) -> list[str]:
     """Lowercased tokens of the NFC form of ``text``: words (letters and digits with the combining
-    marks after them, with inner apostrophes/hyphens/zero-width (non-)joiners) and single
-    punctuation marks; invisible format characters and variation selectors are dropped, and a
-    zero-width space separates words."""
+    marks and zero-width (non-)joiners after them, with inner apostrophes/hyphens) and single
+    punctuation marks; invisible characters are dropped first, and a zero-width space separates
+    words (see ``_INVISIBLE``)."""
     if text.isascii():
         return _ASCII_TOKEN.findall(text.lower())
-    visible = _INVISIBLE.sub("", unicodedata.normalize("NFC", text).replace("\u200b", " "))  # a zero-width space breaks words
-    return _TOKEN.findall(visible.lower().replace("\u2019", "'"))
+    if _ANY_INVISIBLE.search(text):  # (rare: the scan for one is cheaper than the substitution)
+        text = _INVISIBLE.sub("", text.replace("\u200b", " "))  # before NFC, which they could block
+    return _TOKEN.findall(unicodedata.normalize("NFC", text).lower().replace("\u2019", "'"))
 
 
 def normalize(text: str) -> str:

@@ -255,9 +255,26 @@ def test_sigterm_in_a_command_exits_143_and_says_how_to_resume(monkeypatch, caps
     before = signal.signal(signal.SIGTERM, cli._on_sigterm)
     try:
         assert main(["config", "check", "experiments/demo.toml", "--static"]) == 143
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_IGN
     finally:
         signal.signal(signal.SIGTERM, before)
-    assert "fedpriv: terminated (SIGTERM); run the same command to resume from the last checkpoint" in capsys.readouterr().err
+    assert "fedpriv: terminated (SIGTERM); a training run resumes from its last checkpoint when the same command runs again" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before  # (restored above; the handler had set SIG_IGN against a second one)
+
+
+def test_rays_sigterm_exit_is_read_as_sigterm(monkeypatch, capsys):
+    """A Flower simulation's ray.init installs a SIGTERM handler that calls sys.exit(15): the
+    command still says it was terminated and exits 143 (not 15 through the teardown)."""
+    import fedpriv.cli as cli
+    import fedpriv.runner.checks as checks
+
+    def ray_handler(*_a, **_k):
+        raise SystemExit(15)
+
+    monkeypatch.setattr(cli, "_sigterm_received", False)
+    monkeypatch.setattr(checks, "check_file", ray_handler)
+    assert main(["config", "check", "experiments/demo.toml", "--static"]) == 143
+    assert "fedpriv: terminated (SIGTERM)" in capsys.readouterr().err
 
 
 def test_the_command_exits_with_mains_status_and_freezes_what_is_left(monkeypatch):

@@ -253,7 +253,7 @@ def test_packed_store_gives_back_every_example_exactly_in_user_then_source_order
         assert [type(e.timestamp) for e in got] == [type(e.timestamp) for e in want.examples(u)]
     assert list(packed.records()) == list(want.records())
     # only the texts that single spaces do not rebuild are kept aside
-    assert sorted(packed.store._texts.values()) == sorted(t for t in _AWKWARD_TEXTS if " ".join(t.split()) != t)
+    assert sorted(e.text for e in packed.store._aside.values()) == sorted(t for t in _AWKWARD_TEXTS if " ".join(t.split()) != t)
 
 
 def test_packed_store_word_ids_are_the_split_words_of_its_examples():
@@ -302,7 +302,7 @@ def test_packed_store_holds_no_object_per_example():
     pairs = ((f"u{i % 997}", TextExample(f"w{i % 50} v{i % 7} common", float(i))) for i in range(n))
     store = FederatedCorpus.from_stream(pairs, "text").store
     assert store.counts().sum() == n
-    assert store._texts == {}
+    assert store._aside == {}
     arrays = [store._tokens, store._starts, store._times, store._has_time, store._user_starts]
     assert all(isinstance(a, np.ndarray) for a in arrays)
     assert len(store._words) == 50 + 7 + 1 and len(store._ids) == 997  # one string per distinct word and per user
@@ -321,3 +321,13 @@ def test_grouping_examples_by_user_moves_each_examples_words_whole(block):
         got, twice = _grouped([flat, flat * 2], lengths, order, starts, block=block)
         assert got.tolist() == np.concatenate([runs[i] for i in order]).tolist()
         assert twice.tolist() == (got * 2).tolist()
+
+
+def test_packed_store_keeps_a_timestamp_that_is_no_float_exactly():
+    big = 2**60 + 1  # no float64 holds it
+    pairs = [("a", TextExample("x y", big)), ("a", TextExample("z", 5))]
+    packed = FederatedCorpus.from_stream(iter(pairs), "text")
+    got = packed.examples("a")
+    assert [e.timestamp for e in got] == [big, 5] and type(got[1].timestamp) is int
+    tagged = FederatedCorpus.from_stream(iter([("b", TaggedExample(("t",), ("O",), 10**400))]), "tagged")
+    assert tagged.examples("b")[0].timestamp == 10**400

@@ -242,6 +242,11 @@ def test_stackexchange_streams_a_big_dump_in_bounded_memory(tmp_path):
         ("\u200ehello\u200f w\ufefforld\u2060", ["hello", "world"]),  # direction marks, BOM, word joiner
         ("x \u200c y \u200d", ["x", "y"]),  # joiners outside a word
         ("\U0001f468\u200d\U0001f469", ["\U0001f468", "\U0001f469"]),
+        ("\u0915\u094d\u200d\u0937", ["\u0915\u094d\u200d\u0937"]),  # a joiner after a virama: a Devanagari half form
+        ("\u0d28\u0d4d\u200d", ["\u0d28\u0d4d\u200d"]),  # a Malayalam chillu
+        ("\u06a9\u062a\u0627\u0628\u0652\u200c\u0647\u0627", ["\u06a9\u062a\u0627\u0628\u0652\u200c\u0647\u0627"]),  # ZWNJ after a diacritic
+        ("e\u00ad\u0301", ["\u00e9"]),  # dropped before NFC, so the accent composes (normalize stays idempotent)
+        ("\u0600\u0661", ["\u0600", "\u0661"]),  # the Arabic number sign is a visible format character: kept
     ],
 )
 def test_invisible_characters_are_no_tokens(text, want):

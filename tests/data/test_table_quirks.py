@@ -313,16 +313,27 @@ def test_a_tag_without_its_scheme_letter_is_refused_with_the_line(tmp_path, fmt)
     assert e.value.where == (2 if fmt == "jsonl" else 3)
 
 
-def test_csv_stray_quote_joining_rows_of_known_users_is_refused_and_prose_with_commas_is_not(tmp_path):
+def test_csv_stray_quote_joining_rows_of_known_users_is_said_and_prose_with_commas_is_not(tmp_path):
+    """A TSV refuses a quoted field holding a row-like line; a CSV, where prose has commas and a
+    reply may start "bob, thanks", reads it and says where to look (a review found refusals of
+    valid files with the first version)."""
     rows = [f"u{i % 4},Post number {i} says hello." for i in range(12)]
     rows[5] = 'u1,"I said hi'
     rows[9] = 'u1,great point"'
     p = tmp_path / "stray.csv"
-    assert refused_at(p, "user_id,text\n" + "\n".join(rows) + "\n", "runs over 4 line break.* a stray quote") == 7
+    p.write_text("user_id,text\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    c = load_table(p)
+    assert c.num_examples == 8  # rows 6-9 inside one quoted field, as the csv module reads it
+    assert "1 of them hold a line that reads as a row of a user seen before (the first record starts at line 7)" in notes(c)
     assert load_table(p, quoting="none").num_examples == 12
-    prose = tmp_path / "prose.csv"  # a quoted post over lines with commas in them: one example
+    chat = tmp_path / "chat.csv"  # valid files whose quoted posts hold row-like lines
+    chat.write_text('user_id,text\nbob,hello everyone\nalice,"Dear all,\nbob, thanks for the tip\ncheers"\n1,first\n2,"We raised\n1,500 dollars"\n', encoding="utf-8")
+    assert [e.text for e in load_table(chat).records()] == ["first", "we raised 1 , 500 dollars", "dear all , bob , thanks for the tip cheers", "hello everyone"]
+    prose = tmp_path / "prose.csv"  # a quoted post over lines with commas in them: one example, no such note
     prose.write_text('user_id,text\nu1,first\nu2,"Dear all, thanks.\nSee you, u1, soon\nBye, all"\n', encoding="utf-8")
-    assert [e.text for e in load_table(prose).records()] == ["first", "dear all , thanks . see you , u1 , soon bye , all"]
+    c = load_table(prose)
+    assert [e.text for e in c.records()] == ["first", "dear all , thanks . see you , u1 , soon bye , all"]
+    assert "reads as a row" not in notes(c)
 
 
 def test_ids_differing_only_in_spacing_width_or_invisible_characters_are_counted(tmp_path):

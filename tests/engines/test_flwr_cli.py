@@ -31,6 +31,9 @@ if sys.argv[1] == "run":
     print("INFO : round 1/2 ...")
     if os.environ.get("FAKE_STREAM"):
         print(open(os.environ["FAKE_STREAM"]).read(), end="")
+    if os.environ.get("FAKE_SLEEP"):
+        import time
+        time.sleep(float(os.environ["FAKE_SLEEP"]))
     sys.exit(0)
 if sys.argv[1] == "list":
     if os.environ.get("FAKE_LS") == "garbage":
@@ -66,6 +69,30 @@ def test_a_completed_run_exits_0_and_passes_the_options_through(fake_flwr, capsy
         ["run", ".", "my-link", "--stream", "--run-config", "config='x.toml'", "--run-config", "stop-after=1", "--federation-config", "num-supernodes=3"],
         ["list", "my-link", "--run-id", "4242", "--format", "json"],
     ]
+
+
+def test_an_interrupted_flwr_run_stops_the_flwr_process_too(fake_flwr, capsys, monkeypatch):
+    """A SIGTERM reaches only fedpriv (not its process group, as Ctrl-C does): the `flwr run` it
+    started used to keep streaming after fedpriv said it was interrupted."""
+    import signal
+    import subprocess
+
+    started: list[subprocess.Popen] = []
+    real_popen = subprocess.Popen
+
+    def popen(*a, **k):
+        started.append(real_popen(*a, **k))
+        return started[-1]
+
+    def interrupted(stream, log):
+        stream.readline()  # `flwr run` is running
+        raise KeyboardInterrupt
+
+    monkeypatch.setenv("FAKE_SLEEP", "60")
+    monkeypatch.setattr(flwr_cli.subprocess, "Popen", popen)
+    monkeypatch.setattr(flwr_cli, "relay", interrupted)
+    assert main(["flwr-run", ".", "my-link"]) == 130
+    assert started[0].wait(timeout=10) == -signal.SIGTERM
 
 
 @pytest.mark.parametrize("status", ["finished:failed", "finished:stopped", "running"])

@@ -188,7 +188,11 @@ def flwr_run(
     log = RunLog(out, Path(cwd or ".") / log_dir)
     with subprocess.Popen(flwr_run_argv(app, connection, run_config, federation_config, federation), stdout=subprocess.PIPE, text=True, errors="replace", env=env, cwd=cwd) as proc:
         assert proc.stdout is not None
-        run_id = relay(proc.stdout, log)
+        try:
+            run_id = relay(proc.stdout, log)
+        except BaseException:  # interrupted (a SIGTERM reaches only this process): `flwr run` stops too
+            proc.terminate()
+            raise
     if proc.returncode != 0:
         raise FedprivError(f"`flwr run` exited with code {proc.returncode} (its message is above)")
     if run_id is None:

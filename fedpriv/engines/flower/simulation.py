@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 from collections.abc import Callable
 
 from fedpriv.engines.flower.apps import PrepareFn, make_client_app, make_server_app
@@ -70,8 +71,13 @@ def run_flower_simulation(
     server = make_server_app(prepare, prepared, str(run_dir), stop_after, box, log)
     client = make_client_app(prepare, cfg)
     backend = {"client_resources": {"num_cpus": f.client_num_cpus, "num_gpus": f.client_num_gpus}}
-    with single_threaded_scipy_blas():
-        run_simulation(server_app=server, client_app=client, num_supernodes=f.num_supernodes, backend_config=backend, verbose_logging=verbose)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    try:
+        with single_threaded_scipy_blas():
+            run_simulation(server_app=server, client_app=client, num_supernodes=f.num_supernodes, backend_config=backend, verbose_logging=verbose)
+    finally:  # ray.init installs its own SIGTERM handler (sys.exit(15)) and leaves it: the command's is restored
+        if sigterm is not None:
+            signal.signal(signal.SIGTERM, sigterm)
     if not box:
         raise FedprivError("the Flower simulation ended without a result (see the log above for the ServerApp's error)")
     if isinstance(box[0], FedprivError):
