@@ -497,10 +497,14 @@ def _on_sigterm(signum: int, frame: object) -> None:  # noqa: ARG001
     """SIGTERM stops the command the way Ctrl-C does (an exception where it was: open files are
     closed, temporary spills removed; checkpoints are written atomically, so the same command
     resumes), and :func:`main` says so and exits 143."""
-    global _sigterm_received
-    _sigterm_received = True
+    _note_sigterm()
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a scheduler's second SIGTERM must not cut the cleanup short
     raise KeyboardInterrupt
+
+
+def _note_sigterm() -> None:
+    global _sigterm_received
+    _sigterm_received = True
 
 
 def _interrupted() -> int:
@@ -534,8 +538,7 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as e:  # Ray's SIGTERM handler (a Flower simulation) exits with the signal's number
         if e.code != signal.SIGTERM:
             raise
-        global _sigterm_received
-        _sigterm_received = True
+        _note_sigterm()
         return _interrupted()
     except click.ClickException as e:
         e.show()

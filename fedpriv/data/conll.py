@@ -346,8 +346,9 @@ def load_conll(
         doc, value, _ = item
         if missing is None and not value:
             missing = count
-        if value and rule.kind == "comment" and placeholder_problem(named_user(value)):
-            raise DataFormatError(path, None, f"sentence {count + 1}: its '# {rule.key} = {value}' comment: {placeholder_problem(named_user(value))}")
+        why = placeholder_problem(named_user(value)) if value and rule.kind == "comment" else None
+        if why:
+            raise DataFormatError(path, None, f"sentence {count + 1}: its '# {rule.key} = {value}' comment: {why}")
         count += 1
         docs.add(doc)
         if spill_to is None:

@@ -107,7 +107,7 @@ class PackedStore(UserStore):
     (ids into a tag table, aligned with the tokens). A user's examples are rebuilt when asked.
     Timestamps are one float64 each (with a flag for "none"). An example that the arrays would not
     give back exactly (a text whose words joined by single spaces are not the text itself, from an
-    un-normalized source; a timestamp that is not a float) is kept as it was, aside, so every
+    un-normalized source; a timestamp that is not a float, such as an int) is kept as it was, aside, so every
     example comes back exactly as the loader gave it. About 4 bytes a word and 21 an example,
     against about 300 for the example objects and their strings.
     """
@@ -131,7 +131,6 @@ class PackedStore(UserStore):
         EmptyCorpusError when there are none, FedprivError for an example of another kind."""
         from array import array
         from collections import defaultdict
-        from itertools import chain
 
         def numbering() -> defaultdict[str, int]:
             table: defaultdict[str, int] = defaultdict()
@@ -157,9 +156,9 @@ class PackedStore(UserStore):
             lengths.append(len(toks))
             tokens.extend(map(words.__getitem__, toks))
             t = ex.timestamp
-            if t is not None and type(t) is not float:  # an int (2**60 + 1 is no float64) or a float subclass
+            if t is not None and not isinstance(t, float):  # an int (2**60 + 1 is no float64)
                 aside[n] = ex
-            times.append(t if type(t) is float else 0.0)  # (an example aside keeps its own)
+            times.append(t if isinstance(t, float) else 0.0)  # (an example aside keeps its own)
             has_time.append(t is not None)
         if not users:
             raise EmptyCorpusError(f"{name}: the source produced no examples")

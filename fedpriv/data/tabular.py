@@ -135,6 +135,12 @@ def format_suffix(path: Path) -> tuple[str, bool]:
     return suffix, False
 
 
+def is_placeholder_id(uid: str) -> bool:
+    """Whether a (normalized) string id stands for many people: :data:`PLACEHOLDER_USER_IDS` in any
+    case, :data:`PLACEHOLDER_USER_IDS_EXACT` as written."""
+    return uid.casefold() in PLACEHOLDER_USER_IDS or uid in PLACEHOLDER_USER_IDS_EXACT
+
+
 def normalized_user_id(value: str | int) -> str:
     """An id as a user: an integer printed, a string trimmed and in Unicode NFC form."""
     return str(value) if isinstance(value, int) else unicodedata.normalize("NFC", value).strip()
@@ -305,7 +311,7 @@ class RowConverter:
         if not is_int:
             if uid != value:
                 self.normalized_ids += 1
-            if (uid.casefold() in PLACEHOLDER_USER_IDS or uid in PLACEHOLDER_USER_IDS_EXACT) and self.placeholder_users == "skip":
+            if is_placeholder_id(uid) and self.placeholder_users == "skip":
                 self.skipped_placeholder[uid] += 1
                 return None
             numeric = uid[0] in "+-.0123456789"

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedpriv.data.tabular import PLACEHOLDER_USER_IDS, PLACEHOLDER_USER_IDS_EXACT, normalized_user_id
+from fedpriv.data.tabular import is_placeholder_id, normalized_user_id
 from fedpriv.errors import DataFormatError, FedprivError, SourceError
 
 DEFAULT_BLOCK = 10
@@ -87,7 +87,7 @@ def named_user(raw: str) -> str:
 def placeholder_problem(uid: str) -> str | None:
     """Why ``uid`` cannot name one user (a deleted account's or a missing value's placeholder:
     ``[deleted]``, ``nan``, ``NA``, ...), or None."""
-    if uid.casefold() in PLACEHOLDER_USER_IDS or uid in PLACEHOLDER_USER_IDS_EXACT:
+    if is_placeholder_id(uid):
         return f"user id {uid!r} is a placeholder (a deleted account or a missing value): it stands for many people, not one user"
     return None
 
