@@ -1,7 +1,5 @@
-"""``python -m fedpriv.cli``: the ``fedpriv`` command."""
+"""``python -m fedpriv.cli``: the ``fedpriv`` command (SIGTERM handled, as the installed script does)."""
 
-import sys
+from fedpriv.cli import console
 
-from fedpriv.cli import main
-
-sys.exit(main())
+console()

@@ -35,6 +35,9 @@ if sys.argv[1] == "run":
         import time
         time.sleep(float(os.environ["FAKE_SLEEP"]))
     sys.exit(0)
+if sys.argv[1] == "stop" and os.environ.get("FAKE_STOP_RC", "0") != "0":
+    print("Run ID 4242 not found", file=sys.stderr)
+    sys.exit(int(os.environ["FAKE_STOP_RC"]))
 if sys.argv[1] == "list":
     if os.environ.get("FAKE_LS") == "garbage":
         print("not json")
@@ -71,28 +74,50 @@ def test_a_completed_run_exits_0_and_passes_the_options_through(fake_flwr, capsy
     ]
 
 
-def test_an_interrupted_flwr_run_stops_the_flwr_process_too(fake_flwr, capsys, monkeypatch):
+@pytest.mark.parametrize("stop_rc", [0, 1])
+def test_an_interrupted_flwr_run_stops_the_flwr_process_and_the_run_it_started(fake_flwr, capsys, monkeypatch, stop_rc):
     """A SIGTERM reaches only fedpriv (not its process group, as Ctrl-C does): the `flwr run` it
-    started used to keep streaming after fedpriv said it was interrupted."""
+    started used to keep streaming after fedpriv said it was interrupted; and ending `flwr run`
+    ends only the stream, so the SuperLink went on with the run: fedpriv asks it to stop the run
+    (`flwr stop`) and says whether it did. (tests/engines/test_flwr_run.py: the real SuperLink.)"""
     import signal
     import subprocess
 
     started: list[subprocess.Popen] = []
-    real_popen = subprocess.Popen
+    real_popen, real_relay = subprocess.Popen, flwr_cli.relay
 
     def popen(*a, **k):
         started.append(real_popen(*a, **k))
         return started[-1]
 
     def interrupted(stream, log):
-        stream.readline()  # `flwr run` is running
-        raise KeyboardInterrupt
+        def lines():
+            yield stream.readline()  # "Successfully started run 4242": `flwr run` is running
+            raise KeyboardInterrupt
+
+        return real_relay(lines(), log)
 
     monkeypatch.setenv("FAKE_SLEEP", "60")
+    monkeypatch.setenv("FAKE_STOP_RC", str(stop_rc))
     monkeypatch.setattr(flwr_cli.subprocess, "Popen", popen)
     monkeypatch.setattr(flwr_cli, "relay", interrupted)
     assert main(["flwr-run", ".", "my-link"]) == 130
     assert started[0].wait(timeout=10) == -signal.SIGTERM
+    assert fake_flwr()[-1] == ["stop", "4242", "my-link"]
+    err = capsys.readouterr().err
+    if stop_rc == 0:
+        assert "fedpriv: stopped Flower run 4242 on the SuperLink" in err
+    else:
+        assert "could not stop Flower run 4242 on the SuperLink (Run ID 4242 not found); it may still be running: `flwr stop 4242 my-link`" in err
+
+
+def test_a_run_interrupted_before_flower_named_it_stops_nothing_on_the_superlink(fake_flwr, monkeypatch):
+    def interrupted(stream, log):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(flwr_cli, "relay", interrupted)
+    assert main(["flwr-run", ".", "my-link"]) == 130
+    assert not any(call[0] == "stop" for call in fake_flwr())
 
 
 @pytest.mark.parametrize("status", ["finished:failed", "finished:stopped", "running"])

@@ -1,10 +1,11 @@
 """``flwr run .`` from the repository root: a local simulation of the quick Shakespeare config,
-and a run that loses every reply of a round (``flwr run`` exits 0 for it, ``fedpriv flwr-run`` 2).
+a run that loses every reply of a round (``flwr run`` exits 0 for it, ``fedpriv flwr-run`` 2), and
+an interrupted ``fedpriv flwr-run`` (its run stopped on the SuperLink).
 
 Runs the real CLI as a subprocess, offline (FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1),
 with a private FLWR_HOME and free ports for the local SuperLink that ``flwr run`` starts in the
-background, and kills that SuperLink (by its pid) at the end of the module. The module's three
-``flwr run`` share that one FLWR_HOME and SuperLink (``flwr run`` starts one only when none
+background, and kills that SuperLink (by its pid) at the end of the module. The module's
+``flwr run`` calls share that one FLWR_HOME and SuperLink (``flwr run`` starts one only when none
 answers on its port, as it does for a user's consecutive runs), and each simulation runs one
 ClientApp actor (``client-resources-num-cpus=2``: the Flower engine tests cover several actors):
 each actor and each SuperLink imports JAX or Flower for seconds. About 1 minute each on 2 cores.
@@ -165,3 +166,29 @@ def test_a_run_that_loses_every_supernode_exits_0_from_flwr_run_and_2_from_fedpr
     kept = tmp_path / "logs" / f"flwr-run-{run_id}.log"
     assert "Traceback" not in wrapped.stdout and f"kept in {kept})\n" in wrapped.stdout, wrapped.stdout
     assert "Traceback (most recent call last):" in kept.read_text() and f"fedpriv: error: {LOST}\n" in kept.read_text()
+
+
+@pytest.mark.skipif(not FLWR.exists(), reason="flwr CLI not installed next to this python")
+def test_an_interrupted_fedpriv_flwr_run_stops_its_run_on_the_superlink(tmp_path, flwr_env):
+    """SIGTERM to `fedpriv flwr-run` (a scheduler's, `timeout`'s) ends `flwr run`, which ends only the
+    log stream: the SuperLink went on with the run. fedpriv asks it to stop the run (`flwr stop`)."""
+    _, env = flwr_env
+    overrides = f"config='experiments/fedavg-shakespeare-quick.toml' run-dir={json.dumps(str(tmp_path / 'run'))}"
+    proc = subprocess.Popen([sys.executable, "-m", "fedpriv.cli", "flwr-run", ".", "--run-config", overrides, "--federation-config", FEDERATION,
+                             "--log-dir", str(tmp_path / "logs")],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        seen = []
+        for line in proc.stdout:
+            seen.append(line)
+            if "Successfully started run" in line:
+                break
+        run_id = "".join(seen).split("Successfully started run ")[1].split()[0]
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert f"fedpriv: stopped Flower run {run_id} on the SuperLink\n" in err, err
+    listed = subprocess.run([str(FLWR), "list", "--run-id", run_id, "--format", "json"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert json.loads(listed.stdout)["runs"][0]["status"] == "finished:stopped", listed.stdout

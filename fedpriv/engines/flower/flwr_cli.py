@@ -58,6 +58,7 @@ class RunLog:
         self.out, self.root = out, root
         root.mkdir(parents=True, exist_ok=True)  # (a folder that cannot be made: refused before Flower starts)
         self.path: Path | None = None
+        self.run_id: int | None = None  # once a line said it
         self._held: list[str] = []
         self._file: TextIO | None = None
         self._state = "text"  # text | frames (inside a traceback) | after (its exception line seen)
@@ -119,7 +120,7 @@ def relay(lines: Iterable[str], log: RunLog) -> int | None:
     try:
         for line in lines:
             if run_id is None and (m := STARTED.search(line)):
-                run_id = int(m.group(1))
+                run_id = log.run_id = int(m.group(1))
                 log.start(run_id)
             log.write(line)
     finally:
@@ -167,6 +168,26 @@ def run_status(run_id: int, connection: str | None, env: dict[str, str], cwd: st
     return str(run.get("status", "")), str(run.get("status-details", ""))
 
 
+def stop_run(run_id: int, connection: str | None, env: dict[str, str], cwd: str | os.PathLike[str] | None = None, err: TextIO | None = None) -> bool:
+    """Ask the SuperLink to stop run ``run_id`` (``flwr stop N [CONNECTION]``); say on ``err``
+    (default stderr) whether it did. An interrupted ``fedpriv flwr-run`` calls it: ending ``flwr
+    run`` ends only the log stream, not the run. Never raises (it runs while an interrupt unwinds)."""
+    err = err or sys.stderr
+    argv = [_bin("flwr"), "stop", str(run_id), *([connection] if connection else [])]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=cwd, timeout=60)
+        ok, said = proc.returncode == 0, (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+    except (OSError, subprocess.SubprocessError) as e:
+        ok, said = False, [str(e)]
+    if ok:
+        err.write(f"fedpriv: stopped Flower run {run_id} on the SuperLink\n")
+    else:
+        why = said[-1] if said else "no reason given"
+        err.write(f"fedpriv: could not stop Flower run {run_id} on the SuperLink ({why}); it may still be running: `flwr stop {run_id}{' ' + connection if connection else ''}`\n")
+    err.flush()
+    return ok
+
+
 def flwr_run(
     app: str = ".",
     connection: str | None = None,
@@ -190,8 +211,10 @@ def flwr_run(
         assert proc.stdout is not None
         try:
             run_id = relay(proc.stdout, log)
-        except BaseException:  # interrupted (a SIGTERM reaches only this process): `flwr run` stops too
-            proc.terminate()
+        except BaseException:  # interrupted (a SIGTERM reaches only this process): `flwr run` stops too,
+            proc.terminate()  # and so does the run it started, which the SuperLink would go on with
+            if log.run_id is not None:
+                stop_run(log.run_id, connection, env, cwd)
             raise
     if proc.returncode != 0:
         raise FedprivError(f"`flwr run` exited with code {proc.returncode} (its message is above)")
