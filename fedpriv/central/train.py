@@ -72,7 +72,7 @@ def central_stepper(prepared: Prepared, log: Callable[[str], None] | None = None
     tx = training_optimizer(cfg.training, steps)
     if cfg.privacy is None:
         return SGDStepper(prepared.task, train, prepared.train.counts(), cfg.training, cfg.seed, tx, steps)
-    stepper = DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts(), noise_seed(cfg),
+    stepper = DPSGDStepper(prepared.task, train, cfg.training, cfg.privacy, cfg.seed, tx, steps, log, prepared.train.counts(), noise_seed(cfg, run_dir),
                            RunDir(run_dir).file(STRATEGY) if run_dir is not None else None)
     stepper.budget.coverage = coverage(cfg, prepared.task, cfg.privacy.unit, cfg.training.log_private_stats)
     return stepper

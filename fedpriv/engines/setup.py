@@ -62,7 +62,7 @@ class FederatedSetup:
         ac = prepared.audit_canaries
         self.canary_clients = CanaryClients(ac, self.data.num_users) if ac is not None and ac.kind == "client" else None
         extra = self.canary_clients.count if self.canary_clients is not None else 0
-        self.noise = noise_seed(cfg)
+        self.noise = noise_seed(cfg, run_dir)
         self.core = ServerCore(self.fcfg, self.data.num_users + extra, cfg.seed, log, self.noise, RunDir(run_dir).file(STRATEGY) if run_dir is not None else None,
                                accounting=not client)
         self.client_dp: ClientDP | None = None

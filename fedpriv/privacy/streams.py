@@ -179,6 +179,8 @@ class NoiseSeed:
     fingerprint: str | None = None
     #: SHA-256 of the run identity a secure seed is keyed to (None for a simulation): a resume checks it.
     run_digest: str | None = None
+    #: The run's nonce (hex; part of the run identity), recorded so that a resume keys to it again.
+    nonce: str | None = None
 
     @property
     def secure(self) -> bool:
@@ -189,13 +191,14 @@ class NoiseSeed:
         return NoiseSeed(int(seed), int(seed))
 
     @staticmethod
-    def from_secret(secret: bytes, run: bytes = b"") -> "NoiseSeed":
+    def from_secret(secret: bytes, run: bytes = b"", nonce: str | None = None) -> "NoiseSeed":
         """A secure noise seed from a secret of at least 16 bytes (128 bits) for the run ``run``
-        (what tells runs apart: :func:`fedpriv.training.noise.run_identity`). Root and entropy
-        come from HMAC-SHA256(secret, run), so every bit of the secret counts, and two runs under
-        one secret (two seeds, two grid cells, two tuning trials) draw independent noise: with
-        shared noise, two released models' difference would cancel it. The root is 64 bits (a
-        threefry key), the numpy entropy 128; ``fingerprint`` is the secret's, for the resume check."""
+        (what tells runs apart: :func:`fedpriv.training.noise.run_identity` and the run's
+        ``nonce``, kept for the record). Root and entropy come from HMAC-SHA256(secret, run), so
+        every bit of the secret counts, and two runs under one secret (two seeds, two grid cells,
+        two tuning trials, two starts of one config) draw independent noise: with shared noise,
+        two released models' difference would cancel it. The root is 64 bits (a threefry key),
+        the numpy entropy 128; ``fingerprint`` is the secret's, for the resume check."""
         import hashlib
         import hmac
 
@@ -203,7 +206,7 @@ class NoiseSeed:
             raise ValueError(f"a noise secret needs at least 16 bytes (128 bits), got {len(secret)}")
         key = hmac.new(secret, b"fedpriv-run-noise:" + run, hashlib.sha256).digest()
         return NoiseSeed(secret_root_from(key), int.from_bytes(key[8:24], "little"), hashlib.sha256(b"fedpriv-noise-secret:" + secret).hexdigest(),
-                         hashlib.sha256(run).hexdigest())
+                         hashlib.sha256(run).hexdigest(), nonce)
 
     def note(self, correlated: bool = False) -> str:
         """The line every guarantee of the run carries (:data:`SIMULATION_NOTE` or :data:`SECURE_NOTE`;

@@ -5,9 +5,13 @@ in ``config.json``) recomputes the noise, so every guarantee it prints says so
 (:data:`fedpriv.privacy.streams.SIMULATION_NOTE`). With ``[privacy] secure_noise = true`` (central
 DP-SGD) or ``[federated.dp] secure_noise = true`` (DP-FedAvg), or ``--secure-noise`` on the command
 line, the DP noise and the batch or cohort sampling come from a secret of 128 bits instead
-(:class:`fedpriv.privacy.streams.NoiseSeed`), keyed to the run by HMAC (:func:`run_identity`: two
-runs under one secret never share noise); the initial parameters and the canaries still come
-from the seed (they do not depend on the data).
+(:class:`fedpriv.privacy.streams.NoiseSeed`; the noise is drawn under a 64-bit threefry key derived
+from it, so recomputing it costs a search of 2^64 keys), keyed to the run by HMAC over its config
+(:func:`run_identity`) and a nonce drawn when it starts (:func:`fresh_nonce`, recorded in
+``config.json`` and read back by a resume): two runs under one secret never share noise, not even
+two starts of one config on two versions of the data, whose released models' difference would
+otherwise cancel the noise and leave the users that differ; the initial parameters and the
+canaries still come from the seed (they do not depend on the data).
 
 The secret is never written. It is read from the environment variable :data:`SECRET_ENV` (32 or
 more hex digits, e.g. ``python -c "import secrets; print(secrets.token_hex(16))"``) or, when that is
@@ -30,7 +34,9 @@ from fedpriv.rundir import RunDir
 #: The environment variable that holds a --secure-noise run's secret (hex, >= 128 bits).
 SECRET_ENV = "FEDPRIV_NOISE_SECRET"
 #: How a secure run's noise is keyed to it (recorded; a resume under another keying is refused).
-KEYING = "hmac-sha256(secret, run config) v1"
+KEYING = "hmac-sha256(secret, run config, run nonce) v2"
+#: Bytes of the nonce a secure run draws when it starts (public: useless without the secret).
+NONCE_BYTES = 16
 
 
 
@@ -54,20 +60,46 @@ def read_secret() -> bytes | None:
     return secret
 
 
-def noise_seed(cfg: Any) -> NoiseSeed:
+def noise_seed(cfg: Any, run_dir: str | os.PathLike[str] | None = None) -> NoiseSeed:
     """The run's :class:`NoiseSeed`: ``cfg.seed`` for a simulation; for a secure run the secret of
-    :data:`SECRET_ENV` (or a fresh one from ``os.urandom``), keyed to the run (:func:`run_identity`)."""
+    :data:`SECRET_ENV` (or a fresh one from ``os.urandom``), keyed to the run: its config
+    (:func:`run_identity`) and its nonce, the one ``run_dir`` records when it holds a checkpoint
+    (a resume), else a fresh one (:func:`fresh_nonce`)."""
     if not secure_noise(cfg):
         return NoiseSeed.simulation(cfg.seed)
     secret = read_secret()
-    return NoiseSeed.from_secret(secret if secret is not None else os.urandom(16), run_identity(cfg))
+    nonce = resumed_nonce(run_dir) or fresh_nonce()
+    return NoiseSeed.from_secret(secret if secret is not None else os.urandom(16), run_identity(cfg) + b"\x00" + nonce, nonce.hex())
+
+
+def fresh_nonce() -> bytes:
+    """The nonce of a secure run that starts: :data:`NONCE_BYTES` from the OS's CSPRNG."""
+    return os.urandom(NONCE_BYTES)
+
+
+def resumed_nonce(run_dir: str | os.PathLike[str] | None) -> bytes | None:
+    """The nonce ``run_dir``'s ``config.json`` records, when the directory holds a checkpoint to
+    resume; None otherwise (a run keyed before nonces, or a malformed record: its resume is then
+    refused by :func:`check_secret_on_resume`, whose run digest will not match)."""
+    if run_dir is None:
+        return None
+    run = RunDir(run_dir)
+    if run.checkpoint_meta() is None:
+        return None
+    stored = ((run.config_meta() or {}).get("noise") or {}).get("nonce")
+    try:
+        nonce = bytes.fromhex(stored) if isinstance(stored, str) else None
+    except ValueError:
+        return None
+    return nonce if nonce and len(nonce) == NONCE_BYTES else None
 
 
 def run_identity(cfg: Any) -> bytes:
     """What tells one run's secure noise from another's under one secret: the config as trained
     (canonical JSON), without the keys a resumed run may change (the engine, Flower's settings,
-    the audit: :data:`fedpriv.training.loop.RESUMABLE_CHANGES`), so a resume draws the same noise
-    and any other run (another seed, grid cell or tuning trial) independent noise."""
+    the audit: :data:`fedpriv.training.loop.RESUMABLE_CHANGES`). :func:`noise_seed` appends the
+    run's nonce, so that a resume draws the same noise and any other run (another seed, grid cell
+    or tuning trial, or the same config started again) independent noise."""
     raw = cfg.model_dump(mode="json")
     raw["audit"] = {k: v for k, v in (raw.get("audit") or {}).items() if k in TRAINING_AUDIT_KEYS}
     for key in ("engine", "flower"):
@@ -77,8 +109,11 @@ def run_identity(cfg: Any) -> bytes:
 
 def noise_meta(noise: NoiseSeed) -> dict[str, Any]:
     """What ``config.json`` records about the noise: nothing for a simulation (its seed is the
-    config's); for a secure run the secret's SHA-256, never the secret."""
-    return {"noise": {"secure": True, "secret_sha256": noise.fingerprint, "keying": KEYING, "run_sha256": noise.run_digest}} if noise.secure else {}
+    config's); for a secure run the secret's SHA-256 (never the secret), the keying, the run's
+    nonce (which a resume reads back) and the SHA-256 of what the noise is keyed to."""
+    if not noise.secure:
+        return {}
+    return {"noise": {"secure": True, "secret_sha256": noise.fingerprint, "keying": KEYING, "nonce": noise.nonce, "run_sha256": noise.run_digest}}
 
 
 def check_secret_on_resume(run_dir: Any, noise: NoiseSeed) -> None:

@@ -17,6 +17,7 @@ from fedpriv.errors import ConfigError, PrivacyParameterError
 from fedpriv.privacy.streams import SECURE_NOTE
 from fedpriv.rundir import RunDir
 from fedpriv.runner.prepare import prepare
+import fedpriv.training.noise as noise_module
 from fedpriv.training.noise import SECRET_ENV
 
 SECRET = "00112233445566778899aabbccddeeff"
@@ -44,6 +45,7 @@ def test_secure_blt_dp_fedavg_checkpoints_no_noise_state_and_resumes_bitwise_by_
     only; the resumed run (cut after round 1) rebuilds BLT's buffers by replaying Z_1 from the secret
     and ends bit for bit where an unbroken run ends; the guarantee carries SECURE_NOTE."""
     monkeypatch.setenv(SECRET_ENV, SECRET)
+    monkeypatch.setattr(noise_module, "fresh_nonce", lambda: bytes(16))  # the unbroken and the cut run start with one nonce (each start draws its own)
     full = train_cut_and_resume(write_config(tmp_path, extra=SECURE_BLT), tmp_path)
     assert checkpoint_entries(tmp_path / "full") == checkpoint_entries(tmp_path / "cut") == {"params", "opt", "clip"}
     rows = [r for r in full.history if r["split"] == "train"]

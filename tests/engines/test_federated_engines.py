@@ -23,6 +23,7 @@ from fedpriv.engines.vectorized import VectorizedEngine, run_vectorized
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.prepare import prepare
+import fedpriv.training.noise as noise_module
 from fedpriv.training.noise import SECRET_ENV
 
 
@@ -254,7 +255,8 @@ ONE_ACTOR = "\nclient_num_cpus = 2"  # [federated.flower]: one Ray actor on a 2-
     ids=["fedavg", "secure-blt-dp-fedavg", "dp-fedavg-4-users-per-message", "dp-fedavg-adaptive-summed-on-client", "fedavg-summed-on-client"],
 )
 def test_flower_engine_matches_the_vectorized_engine(tmp_path, extra, flower_on_shared_ray, monkeypatch):
-    monkeypatch.setenv(SECRET_ENV, "00112233445566778899aabbccddeeff")  # read by secure_noise only
+    monkeypatch.setenv(SECRET_ENV, "00112233445566778899aabbccddeeff")  # read by secure_noise only,
+    monkeypatch.setattr(noise_module, "fresh_nonce", lambda: bytes(16))  # with one nonce for both engines' runs (each start draws its own)
     federated, _, flower = extra.partition("|")
     prepared = prepare(load_config(write_config(tmp_path, extra=federated, flower=flower)))
     vec = train_run(prepared, tmp_path / "vec", engine="vectorized")

@@ -16,6 +16,7 @@ from fedpriv.privacy.streams import SECURE_NOTE, SIMULATION_NOTE
 from fedpriv.rundir import RunDir
 from fedpriv.runner.dispatch import train_run
 from fedpriv.runner.prepare import prepare
+import fedpriv.training.noise as noise_module
 from fedpriv.training.noise import KEYING, SECRET_ENV, noise_seed, with_secure_noise
 
 BASE = """
@@ -65,11 +66,15 @@ def test_secure_noise_is_secret_and_resumes_only_with_its_secret(tmp_path, monke
 
     secure = dataclasses.replace(sim, config=with_secure_noise(sim.config))  # the same data, prepared once
     monkeypatch.setenv(SECRET_ENV, SECRET)
+    train_run(secure, tmp_path / "other", "central")  # a start of its own: a nonce of its own
+    nonce = bytes(range(16))
+    monkeypatch.setattr(noise_module, "fresh_nonce", lambda: nonce)  # "full" and "part" start with one nonce, so they draw the same noise
     train_run(secure, tmp_path / "full", "central")
     train_run(secure, tmp_path / "part", "central", stop_after=2)
+    monkeypatch.setattr(noise_module, "fresh_nonce", lambda: pytest.fail("a resume draws no new nonce"))
     meta = json.loads((tmp_path / "part" / "config.json").read_text())
-    noise = noise_seed(secure.config)
-    assert meta["noise"] == {"secure": True, "secret_sha256": noise.fingerprint, "keying": KEYING, "run_sha256": noise.run_digest}
+    noise = noise_seed(secure.config, tmp_path / "part")
+    assert meta["noise"] == {"secure": True, "secret_sha256": noise.fingerprint, "keying": KEYING, "nonce": nonce.hex(), "run_sha256": noise.run_digest}
     assert SECRET not in (tmp_path / "part" / "config.json").read_text()
     # Resuming without the secret, or with another one, is refused in one line before any step.
     monkeypatch.delenv(SECRET_ENV)
@@ -82,14 +87,20 @@ def test_secure_noise_is_secret_and_resumes_only_with_its_secret(tmp_path, monke
     # A run keyed otherwise (started by an older fedpriv: no keying recorded) would replay other noise: refused.
     stored = (tmp_path / "part" / "config.json").read_text()
     older = json.loads(stored)
-    del older["noise"]["keying"], older["noise"]["run_sha256"]
+    del older["noise"]["keying"], older["noise"]["run_sha256"], older["noise"]["nonce"]
     (tmp_path / "part" / "config.json").write_text(json.dumps(older))
-    with pytest.raises(ConfigError, match="noise was keyed to it differently"):
-        train_run(secure, tmp_path / "part", "central")
+    with monkeypatch.context() as m:
+        m.setattr(noise_module, "fresh_nonce", lambda: nonce)  # (no nonce recorded: a fresh one, even the same, keys other noise)
+        with pytest.raises(ConfigError, match="noise was keyed to it differently"):
+            train_run(secure, tmp_path / "part", "central")
     (tmp_path / "part" / "config.json").write_text(stored)
     train_run(secure, tmp_path / "part", "central")
-    np.testing.assert_array_equal(params(tmp_path / "part"), params(tmp_path / "full"))  # the same secret replays the same noise
+    np.testing.assert_array_equal(params(tmp_path / "part"), params(tmp_path / "full"))  # the same secret and nonce replay the same noise
     assert not np.array_equal(params(tmp_path / "full"), params(tmp_path / "sim"))  # not the seed's noise
+    # Another start of the same config under the same secret draws other noise: the difference of
+    # two released models (trained on two versions of the data) must not cancel it.
+    assert json.loads((tmp_path / "other" / "config.json").read_text())["noise"]["nonce"] != nonce.hex()
+    assert np.linalg.norm(params(tmp_path / "other") - params(tmp_path / "full")) > 0.1 * np.linalg.norm(params(tmp_path / "full") - params(tmp_path / "sim"))
     rows = train_rows(tmp_path / "full")
     assert all(r["guarantee"].endswith(SECURE_NOTE) for r in rows)
     assert [r["epsilon"] for r in rows] == [r["epsilon"] for r in train_rows(tmp_path / "sim")]  # same accounting
@@ -128,10 +139,11 @@ def test_the_secure_noise_flag_refuses_runs_without_dp_noise_in_one_line(capsys)
 
 
 def test_runs_under_one_secret_draw_independent_noise_and_every_bit_of_it_counts(tmp_path, monkeypatch):
-    """Two runs under one FEDPRIV_NOISE_SECRET (two seeds, two learning rates of a tuning grid)
-    must not share noise: the difference of two released models would cancel it. A resume (the
-    same config, another engine or audit) draws the same; a secret that differs only in its last
-    byte draws other noise."""
+    """Two runs under one FEDPRIV_NOISE_SECRET (two seeds, two learning rates of a tuning grid, or
+    one config started twice, on data that differ by one user) must not share noise: the
+    difference of two released models would cancel it. A resume (the same config and nonce,
+    another engine or audit) draws the same; a secret that differs only in its last byte draws
+    other noise."""
     import jax
 
     def root(cfg):
@@ -139,6 +151,8 @@ def test_runs_under_one_secret_draw_independent_noise_and_every_bit_of_it_counts
 
     monkeypatch.setenv(SECRET_ENV, SECRET)
     cfg = with_secure_noise(config(tmp_path, BASE + DP_SGD))
+    assert not np.array_equal(root(cfg)[0], root(cfg)[0])  # two starts of one config: two nonces, independent noise
+    monkeypatch.setattr(noise_module, "fresh_nonce", lambda: bytes(16))  # below: what the config adds to the nonce
     key, entropy = root(cfg)
     for other in (cfg.model_copy(update={"seed": 6}), cfg.model_copy(update={"training": cfg.training.model_copy(update={"learning_rate": 0.02})})):
         k, e = root(other)
