@@ -105,6 +105,11 @@ def check_reply_sum(server_round: int, users: list[int], norms: list[float], sum
         )
 
 
+#: Said instead of how many of a round's client updates failed where that would tell the realized
+#: size of a Poisson-sampled DP cohort, which is private.
+HIDDEN_SIZE = "how many is not printed: under Poisson sampling the cohort's size is private"
+
+
 class FedprivStrategy(Strategy):
     """The Flower strategy of every fedpriv strategy: the setup's server core does the math."""
 
@@ -139,6 +144,13 @@ class FedprivStrategy(Strategy):
         self._cohort = {int(u) for u in cohort}
         return messages
 
+    def _sizes_public(self) -> bool:
+        """Whether a round's realized cohort size may be printed: not in a DP run whose cohorts are
+        Poisson-sampled (the amplification assumes only the noised sum is released), unless
+        ``training.log_private_stats`` asks for it (the guarantee then says so)."""
+        fcfg, private = self.setup.fcfg, self.setup.private
+        return not private or fcfg.sampling in ("fixed", "cyclic") or self.setup.config.training.log_private_stats
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
         if self.state is None:
             raise FedprivError("the strategy has no global state; call bind(state) first")
@@ -149,9 +161,11 @@ class FedprivStrategy(Strategy):
         failed = sent - received
         if sent and not good:
             why = replies[0].error.reason if replies else "no reply before federated.flower.round_timeout_s"
-            raise FedprivError(f"round {server_round}: every one of the {sent} client updates failed ({why}); resume the run once the SuperNodes are back")
+            many = f"every one of the {sent} client updates" if self._sizes_public() else "every client update"
+            raise FedprivError(f"round {server_round}: {many} failed ({why}); resume the run once the SuperNodes are back")
         if failed:
-            self.log(f"round {server_round}: {failed} of {sent} client updates failed or timed out and are left out")
+            many = f"{failed} of {sent} client updates" if self._sizes_public() else f"some client updates ({HIDDEN_SIZE})"
+            self.log(f"round {server_round}: {many} failed or timed out and are left out")
         seen: set[int] = set()
         for m in good:  # every reply's users checked before any is added (a summed reply's length when decoded; a refusal ends the round before anything is applied)
             check_reply_users(server_round, list(m.content[METRICS]["users"]), len(m.content[METRICS]["weights"]), self._cohort, seen)
