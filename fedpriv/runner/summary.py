@@ -16,6 +16,10 @@ from fedpriv.training.prepared import Prepared
 from fedpriv.training.warmstart import utility_target, warm_start_record
 
 
+#: A train row's privacy columns a summary carries: the strategy's, then client-side DP-SGD's.
+PRIVACY_KEYS = ("epsilon", "delta", "guarantee", "epsilon_spent", "promised_steps", "client_epsilon", "client_delta", "client_guarantee")
+
+
 def run_summary(
     name: str,
     kind: str,
@@ -80,7 +84,7 @@ def run_summary(
         if f.clip_norm is not None:
             out["clip_norm"] = f.clip_norm
     if train and train[-1].get("epsilon") is not None:  # DP runs only; the ledger has the rest
-        out.update({k: train[-1][k] for k in ("epsilon", "delta", "guarantee", "epsilon_spent", "promised_steps") if k in train[-1]})
+        out.update({k: train[-1][k] for k in PRIVACY_KEYS[:5] if k in train[-1]})
     if train and train[-1].get("client_epsilon") is not None:  # client-side DP-SGD (record-level)
         out.update({k: train[-1][k] for k in ("client_epsilon", "client_delta", "client_guarantee")})
     metric, label = run.utility()
@@ -163,7 +167,8 @@ def train_summary(prepared: Prepared, kind: str, run_dir: str | os.PathLike[str]
     else:
         out.update(engine=rs["engine"], strategy=c.federated.strategy, rounds=result.done)
     out.update({f"final_{k[len('eval_'):]}": v for k, v in rs.items() if k.startswith("eval_") and k not in ("eval_split", "eval_source")})
-    out.update({k: rs[k] for k in ("epsilon", "delta", "guarantee", "epsilon_spent", "promised_steps", "client_epsilon", "client_delta", "client_guarantee") if k in rs})
+    out.update({k: rs[k] for k in PRIVACY_KEYS if k in rs})
+    out.update({k: result.unlogged[k] for k in PRIVACY_KEYS if k in result.unlogged})  # halted between train rows: the epsilon of every step done
     if result.stopped:
         out["stopped"] = result.stopped
     if kind == "central" and c.task.kind == "nwp" and prepared.eval_arrays and c.privacy is None:

@@ -164,7 +164,7 @@ def degenerate(metrics: Mapping[str, Any]) -> str | None:
     if metrics.get("pred_oov_eos_share", 0.0) >= DEGENERATE_OOV_EOS_SHARE:
         return f"predicts <oov>/<eos> at {metrics['pred_oov_eos_share']:.0%} of positions"
     if metrics.get("accuracy_no_oov_no_eos") == 0.0:
-        return "no correct prediction outside <oov>/<eos>"
+        return "makes no correct prediction outside <oov>/<eos>"
     if metrics.get("entities_gold", 0) > 0 and metrics.get("entities_pred") == 0:
         return "predicts no entity (only O)"
     if metrics.get("pred_top_share", 0.0) >= DEGENERATE_SHARE:

@@ -205,11 +205,18 @@ class Target:
 
 @dataclass
 class LoopResult:
+    """What a run (or its resume) ended with: its parameters, the steps or rounds ``done``, the
+    last evaluation row, every metrics row of the run (a resumed run's earlier rows included, so
+    that running a finished run again gives the same result) and why it stopped early, if it did.
+    ``unlogged``: the train row of the steps since the last one logged, not written (a run halted
+    by ``stop_after`` between rows: its epsilon covers those steps too); empty otherwise."""
+
     params: Params
     done: int
     final_eval: dict[str, Any]
     history: list[dict[str, Any]] = field(default_factory=list)
     stopped: str | None = None
+    unlogged: dict[str, Any] = field(default_factory=dict)
 
 
 class Progress:
@@ -291,9 +298,12 @@ def run_loop(
 
     eval_sets = dict(eval_sets or {})
     sums_fn = jax.jit(task.metric_sums)
-    history: list[dict[str, Any]] = []
+    history: list[dict[str, Any]] = run.metrics() if start else []  # a resumed run's rows so far (what it ran before)
     last_eval: dict[str, Any] = {}
     latest: dict[str, dict[str, Any]] = {}  # split -> its last evaluation
+    for row in history:
+        if row.get("split") != "train":
+            last_eval = latest[row["split"]] = row
     progress = Progress(stepper.total, start, log, stepper.title)
     if start:
         progress.note(f"resumed from the checkpoint at {stepper.unit} {start} of {stepper.total}")
@@ -372,7 +382,8 @@ def run_loop(
             progress.note(f"warning: the model {why} on the {split} users at {stepper.unit} {row['step']}: it did not learn, and its row is flagged in the report")
     if done == stepper.total or stopped:
         run.write_params(state_params(state))
-    return LoopResult(state_params(state), done, last_eval, history, stopped)
+    unlogged = stepper.train_row(done, pending) if pending else {}
+    return LoopResult(state_params(state), done, last_eval, history, stopped, unlogged)
 
 
 #: Metrics a progress line shows per evaluated split, when present, and their short names.

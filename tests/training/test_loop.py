@@ -84,9 +84,15 @@ def test_a_stopped_and_resumed_run_equals_an_uninterrupted_one(tmp_path):
     assert part.done == 5 and not RunDir(tmp_path / "cut").has_params()
     meta = RunDir(tmp_path / "cut").checkpoint_meta()
     assert meta["step"] == 5 and meta["pending"] == [{"loss": 3.5}, {"loss": 4.5}]  # steps 4 and 5: not yet in a row
+    assert part.unlogged == {"loss": 4.0, "n": 2}  # the row steps 4 and 5 would make (its epsilon: that of every step done)
+    assert full.unlogged == {}
     rest = run_loop(AddStepper(10, 3, 3, 4), CountTask(), RunDir(tmp_path / "cut"), 0, {}, EVAL, 8)
     assert rest.done == 10 and float(rest.params["w"]) == float(full.params["w"]) == 55.0
     assert (tmp_path / "cut" / "metrics.jsonl").read_text() == (tmp_path / "full" / "metrics.jsonl").read_text()
+    # The result of a resumed run, and of a finished run run again, is the whole run's.
+    again = run_loop(AddStepper(10, 3, 3, 4), CountTask(), RunDir(tmp_path / "full"), 0, {}, EVAL, 8)
+    for result in (rest, again):
+        assert result.history == full.history and result.final_eval == full.final_eval == {"step": 10, "split": "heldout", "w": 55.0}
 
 
 def test_a_stop_writes_the_parameters_and_a_resume_stays_stopped(tmp_path):
