@@ -13,15 +13,16 @@ Nothing here loads the whole corpus unless asked: a user's examples are built wh
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from fedpriv.data.examples import Example, Kind, kind_of
+from fedpriv.data.examples import Example, Kind, TextExample, kind_of
 from fedpriv.data.flat import FlatText
 from fedpriv.data.stores import (
     MappedStore,
@@ -52,15 +53,38 @@ class FederatedCorpus:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_dict(cls, users: dict[str, Sequence[Example]], name: str = "corpus") -> "FederatedCorpus":
-        """An in-memory corpus. Users with no example are dropped; an empty result is refused."""
-        users = {str(u): list(exs) for u, exs in users.items() if len(exs) > 0}
-        if not users:
+    def from_dict(cls, users: Mapping[object, Sequence[Example]], name: str = "corpus") -> "FederatedCorpus":
+        """An in-memory corpus. A key is a user id as printed (``str``): two keys that print the
+        same (``1`` and ``"1"``) are refused, naming both, as the file loaders refuse them (one user
+        would silently take the other's place). Examples that hold nothing (a text empty or only
+        whitespace, a tagged example without tokens) are skipped and counted in a note
+        (:func:`note_skipped_empty`, as the file loaders do); users left with no example are
+        dropped; an empty result is refused."""
+        keys: dict[str, object] = {}
+        kept: dict[str, list[Example]] = {}
+        skipped = 0
+        for key, exs in users.items():
+            uid = str(key)
+            if uid in keys:
+                raise FedprivError(
+                    f"{name}: the user keys {keys[uid]!r} and {key!r} are both the user id {uid!r}: one user would take the "
+                    "other's place; give every user one key"
+                )
+            keys[uid] = key
+            exs = list(exs)
+            keep = [ex for ex in exs if not is_empty_example(ex)]
+            skipped += len(exs) - len(keep)
+            if keep:
+                kept[uid] = keep
+        if not kept:
             raise EmptyCorpusError(f"{name}: the corpus has no users with examples")
-        kinds = {kind_of(ex) for exs in users.values() for ex in exs}
+        kinds = {kind_of(ex) for exs in kept.values() for ex in exs}
         if len(kinds) != 1:
             raise FedprivError(f"{name}: mixed example kinds {sorted(kinds)} in one corpus")
-        return cls(MemoryStore(users, kinds.pop()), name)
+        kind = kinds.pop()
+        corpus = cls(MemoryStore(kept, kind), name)
+        note_skipped_empty(corpus, skipped, "examples", kind)
+        return corpus
 
     @classmethod
     def from_stream(
@@ -106,7 +130,7 @@ class FederatedCorpus:
         return self.num_users
 
     def __contains__(self, user_id: object) -> bool:
-        return user_id in set(self.user_ids)
+        return _as_user_id(user_id) in set(self.user_ids)
 
     def counts(self) -> np.ndarray:
         """Examples per user (int64), aligned with :attr:`user_ids`."""
@@ -118,12 +142,14 @@ class FederatedCorpus:
     def num_examples(self) -> int:
         return int(self.counts().sum())
 
-    def examples(self, user_id: str) -> list[Example]:
-        """One user's examples, in source order."""
+    def examples(self, user_id: str | int) -> list[Example]:
+        """One user's examples, in source order. Ids are strings; an integer is read as the id it
+        prints (``corpus.examples(1004)`` is user ``"1004"``)."""
         try:
-            return self.store.examples(user_id)
+            return self.store.examples(_as_user_id(user_id))
         except KeyError:
-            raise FedprivError(f"{self.name}: no user {user_id!r}") from None
+            hint = "" if isinstance(user_id, str) else f" (user ids are strings, such as {self.user_ids[0]!r})"
+            raise FedprivError(f"{self.name}: no user {user_id!r}{hint}") from None
 
     __getitem__ = examples
 
@@ -225,6 +251,29 @@ class FederatedCorpus:
         before = self.map_users(lambda exs: [e for e in check(exs) if e.timestamp < t], f"{self.name}[before]")
         after = self.map_users(lambda exs: [e for e in check(exs) if e.timestamp >= t], f"{self.name}[after]")
         return before, after
+
+
+def _as_user_id(user_id: object) -> object:
+    """An integer user id as the string it prints (ids are strings: ``1004`` is user ``"1004"``)."""
+    if isinstance(user_id, numbers.Integral) and not isinstance(user_id, bool):
+        return str(int(user_id))
+    return user_id
+
+
+def is_empty_example(example: Example) -> bool:
+    """Whether an example holds nothing to train on: a text empty or only whitespace, a tagged
+    example without tokens."""
+    if isinstance(example, TextExample):
+        return not example.text.strip()
+    return len(example.tokens) == 0
+
+
+def note_skipped_empty(corpus: FederatedCorpus, count: int, items: str = "rows", kind: Kind = "text") -> None:
+    """Say that ``count`` ``items`` of the source (rows, examples) gave no example because their
+    text or token list was empty, and record ``skipped_empty``: the note every loader writes for them."""
+    if count:
+        what = "text" if kind == "text" else "token list"
+        corpus.note(f"{count} {items} of {corpus.name} have an empty {what} and were skipped", skipped_empty=count)
 
 
 def stable_unit_hash(user_id: str, salt: str) -> float:

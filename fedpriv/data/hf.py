@@ -6,6 +6,7 @@ asked (one partition at a time).
 Column rules are those of :mod:`fedpriv.data.tabular` (lists of strings for tagged mode; tag
 columns of ``ClassLabel`` ints are mapped to their names). This module never reaches the Hub:
 it sets ``HF_DATASETS_OFFLINE=1`` and ``HF_HUB_OFFLINE=1`` (unless already set) on import.
+Loading and reading users print no progress bar (:func:`quiet_progress`).
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import os
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from collections.abc import Sequence  # noqa: E402
+import functools  # noqa: E402
+from collections.abc import Iterator, Sequence  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import TYPE_CHECKING, Any  # noqa: E402
 
@@ -31,6 +34,55 @@ if TYPE_CHECKING:
     import datasets
 
 _BATCH_ROWS = 4096
+#: Files in a folder given as a source that name another loader, by suffix (a folder is read as a saved dataset).
+_FILE_SOURCES = (".jsonl", ".json", ".ndjson", ".csv", ".tsv", ".parquet", ".conll", ".conllu", ".iob", ".bio", ".gz", ".bz2", ".xz")
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """No progress bar inside the block: datasets' (loading a saved dataset, selecting rows) and
+    flwr-datasets' ``NaturalIdPartitioner``'s (``Generating partition_id_to_indices``, a plain
+    tqdm), which would print into fedpriv's quiet logs. Both are as they were after the block.
+    ``HF_DATASETS_DISABLE_PROGRESS_BARS=0`` in the environment keeps them."""
+    import datasets
+    from flwr_datasets.partitioner import natural_id_partitioner
+
+    if datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is False:  # the user asked for them
+        yield
+        return
+    was_off = datasets.are_progress_bars_disabled()
+    bar = getattr(natural_id_partitioner, "tqdm", None)
+    datasets.disable_progress_bars()
+    if bar is not None:
+        natural_id_partitioner.tqdm = functools.partial(bar, disable=True)
+    try:
+        yield
+    finally:
+        if bar is not None:
+            natural_id_partitioner.tqdm = bar
+        if not was_off:
+            datasets.enable_progress_bars()
+
+
+def _folder_hint(path: Path) -> str:
+    """What a folder that is no saved dataset seems to hold instead, and how to read that."""
+    if (path / "state.json").exists() or (path / "dataset_dict.json").exists():
+        return ""  # a saved dataset, damaged
+    try:
+        names = [p.name for p in path.iterdir() if p.is_file()]
+    except OSError:
+        return ""
+    texts = sum(Path(n).suffix.lower() in (".txt", ".text") for n in names)
+    if texts:
+        return (
+            f"; it holds {texts} text file(s): a folder of per-user text files is not read as users; make it one JSON Lines "
+            "table (a user_id and a text per line), or one text file with users=mapping:PATH naming each line's user "
+            "(docs/data.md, 'A folder of per-user text files')"
+        )
+    files = sum(n.lower().endswith(_FILE_SOURCES) for n in names)
+    if files:
+        return f"; it holds {files} data file(s): give one file as the source"
+    return ""
 
 
 class HFNaturalIdStore(UserStore):
@@ -40,6 +92,7 @@ class HFNaturalIdStore(UserStore):
     each user's non-empty examples (memory: one batch plus a count per user).
     """
 
+    @quiet_progress()
     def __init__(self, ds: "datasets.Dataset", conv: RowConverter, label: str, tag_names: Sequence[str] | None = None):
         from flwr_datasets.partitioner import NaturalIdPartitioner
 
@@ -99,6 +152,7 @@ class HFNaturalIdStore(UserStore):
     def counts(self) -> np.ndarray:
         return self._counts
 
+    @quiet_progress()
     def examples(self, user_id: str) -> list[Example]:
         if user_id not in self._has:
             raise KeyError(user_id)
@@ -122,6 +176,7 @@ def _tag_class_names(feature: Any) -> list[str] | None:
     return None
 
 
+@quiet_progress()
 def load_hf_dataset(
     dataset_or_path: "datasets.Dataset | datasets.DatasetDict | str | os.PathLike[str]",
     *,
@@ -163,7 +218,8 @@ def load_hf_dataset(
         try:
             ds = datasets.load_from_disk(str(path))
         except (FileNotFoundError, ValueError, OSError, KeyError, TypeError) as e:  # KeyError, TypeError: a damaged state.json
-            raise SourceError(f"{path}: not a dataset saved with save_to_disk, or a damaged one ({type(e).__name__}: {e})") from None
+            why = " ".join(f"{type(e).__name__}: {e}".split())
+            raise SourceError(f"{path}: not a dataset saved with save_to_disk, or a damaged one ({why}){_folder_hint(path)}") from None
         label, name = str(path), path.name
     else:
         ds = dataset_or_path

@@ -229,6 +229,21 @@ def split_format(format: str | None, options: dict[str, Any]) -> tuple[str | Non
     return opt, rest
 
 
+def _resolved_against(path: Path) -> str:
+    """Where a missing relative path was looked for (the current directory: a config's
+    ``data.source`` too is relative to where fedpriv runs, not to the config file), and that ``~``
+    is not expanded; ``""`` for an absolute path."""
+    if str(path).startswith("~"):
+        return "~ is not expanded: give the home directory's path; "
+    if path.is_absolute():
+        return ""
+    try:
+        here = Path.cwd()
+    except OSError:  # the working directory was removed
+        return "relative to a working directory that no longer exists; "
+    return f"relative to the current directory {here}; "
+
+
 def open_corpus(spec: str, format: str | None = None, **options: Any) -> FederatedCorpus:
     """The corpus a SOURCE spec names (see the module docstring)."""
     if spec == "shakespeare":
@@ -244,7 +259,7 @@ def open_corpus(spec: str, format: str | None = None, **options: Any) -> Federat
         return load_synthetic(spec)
     path = Path(spec)
     if not path.exists():
-        raise SourceError(f"{spec}: no such file or directory (and not 'shakespeare' or 'synthetic:...')")
+        raise SourceError(f"{spec}: no such file or directory ({_resolved_against(path)}and not 'shakespeare' or 'synthetic:...')")
     fmt = format or guess_format(path, options)
     if fmt in TABLES:
         from fedpriv.data.tabular import load_table

@@ -31,8 +31,11 @@ broke. A zstd or zip file is refused with how to decompress it.
 ``unit="sentence"`` (text mode only; default ``"row"``, one example per row) makes every sentence
 of a row's text an example of the row's user, in order: hard line breaks joined, split by
 :func:`fedpriv.data.tokenize.prose_sentences` (``.``/``!``/``?`` before a capital or a digit, not
-after abbreviations such as ``e.g.``, ``et al.``, ``Fig. 3``), each sentence normalized; LaTeX is
-kept as text. What was done is said once in the corpus notes (rows and sentences counted).
+after abbreviations such as ``e.g.``, ``et al.``, ``Fig. 3``; every full-width ``。``/``！``/``？``),
+each sentence normalized; LaTeX is kept as text. What was done is said once in the corpus notes
+(rows and sentences counted). With either unit, Chinese, Japanese or Thai text without spaces
+between words (:func:`unsegmented`) is counted in a note when it is more than a fifth of the
+examples: the tokenizer makes each phrase one token.
 
 Rows whose example is empty (text normalizing to nothing, or no tokens) are skipped; an empty or
 blank token or tag in a list is an error, and so is a NUL character in any string. Text files are
@@ -70,7 +73,7 @@ from contextlib import contextmanager
 from datetime import date, datetime, timezone
 from pathlib import Path
 
-from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.data.corpus import FederatedCorpus, note_skipped_empty
 from fedpriv.data.examples import TAG, TAG_HELP, Example, Kind, TaggedExample, TextExample
 from fedpriv.data.tokenize import normalize, prose_sentences
 from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
@@ -122,6 +125,20 @@ _EPOCH_FIRST_YEAR = 365 * 86400.0
 _INVISIBLE_IN_ID = re.compile("[\u00ad\u200b-\u200f\u2060\ufeff]")
 #: Epoch seconds of 3000-01-01: a larger timestamp is milliseconds (or finer) since the epoch.
 _MAX_EPOCH_SECONDS = 32503680000.0
+#: Scripts written without spaces between words: Han (Chinese characters, kanji), Hiragana,
+#: Katakana (full and half width), Thai, Lao, Myanmar, Khmer. (Not their punctuation: 。，「 are
+#: tokens of their own.)
+_NO_SPACE_SCRIPT = (
+    "\u0e00-\u0eff\u1000-\u109f\u1780-\u17ff\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff"
+    "\uf900-\ufaff\uff66-\uff9f\U00020000-\U0003134f"
+)
+_NO_SPACE_CHAR = re.compile(f"[{_NO_SPACE_SCRIPT}]")
+#: A run of such characters with no space or punctuation in it that is longer than a word: words
+#: of Chinese are 1-4 characters, of Japanese mostly 1-5; a run of 8 or more is a phrase or a clause.
+UNSEGMENTED_RUN = 8
+_NO_SPACE_RUN = re.compile(f"[{_NO_SPACE_SCRIPT}]{{{UNSEGMENTED_RUN},}}")
+#: How to reach UTF-8 from the commonest other encoding of text files (Windows' Western European).
+TO_UTF8 = "save it as UTF-8, e.g. iconv -f WINDOWS-1252 -t UTF-8 FILE > OUT for a Windows file"
 
 csv.field_size_limit(min(sys.maxsize, 2**31 - 1))  # a long post is a valid field, not a malformed file
 
@@ -139,6 +156,17 @@ def is_placeholder_id(uid: str) -> bool:
     """Whether a (normalized) string id stands for many people: :data:`PLACEHOLDER_USER_IDS` in any
     case, :data:`PLACEHOLDER_USER_IDS_EXACT` as written."""
     return uid.casefold() in PLACEHOLDER_USER_IDS or uid in PLACEHOLDER_USER_IDS_EXACT
+
+
+def unsegmented(text: str) -> bool:
+    """Whether ``text`` is Chinese, Japanese, Thai, ... (:data:`_NO_SPACE_SCRIPT`) written without
+    spaces between its words: most of its characters of those scripts stand in runs of
+    :data:`UNSEGMENTED_RUN` or more with no space, which the tokenizer (words end at spaces and
+    punctuation only) reads as one token each. ASCII text is answered without a scan."""
+    if text.isascii():
+        return False
+    chars = len(_NO_SPACE_CHAR.findall(text))
+    return chars >= UNSEGMENTED_RUN and 2 * sum(map(len, _NO_SPACE_RUN.findall(text))) > chars
 
 
 def normalized_user_id(value: str | int) -> str:
@@ -256,6 +284,8 @@ class RowConverter:
         self.long_numeric_ids = 0  # rows whose id is 16 or more digits
         self.rounded_id_rows = 0  # of those, rows whose id has only zeros after its 15th digit
         self.skipped_placeholder: Counter[str] = Counter()
+        #: text examples in a script written without spaces whose words were not separated (:func:`unsegmented`)
+        self.unsegmented = 0
         self.placeholder_texts: Counter[str] = Counter()  # rows whose text is '[deleted]' or '[removed]' (also in skipped_empty)
         #: the top-level JSON keys the columns read (a duplicate of one is an error)
         self.keys = frozenset(c.split(".", 1)[0] for c in self.columns) | frozenset(self.columns)
@@ -392,6 +422,7 @@ class RowConverter:
             return []
         self.split_rows += 1
         self.sentences += len(texts)
+        self.unsegmented += sum(map(unsegmented, texts))
         return [(uid, TextExample(t, ts)) for t in texts]
 
     def convert(self, row: Mapping, where: int | str | None = None) -> tuple[str, Example] | None:
@@ -407,6 +438,7 @@ class RowConverter:
             if not text.strip():
                 self.skipped_empty += 1
                 return None
+            self.unsegmented += unsegmented(text)
             return uid, TextExample(text, ts)
         tokens = self._str_list(row, self.tokens_column)  # type: ignore[arg-type]
         tags = self._str_list(row, self.tags_column)  # type: ignore[arg-type]
@@ -433,9 +465,7 @@ def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
     placeholder), and what was done to user ids (:func:`note_user_ids`)."""
     placeholders = sum(conv.placeholder_texts.values())
     if conv.skipped_empty > placeholders:
-        what = "text" if conv.kind == "text" else "token list"
-        empty = conv.skipped_empty - placeholders
-        corpus.note(f"{empty} rows of {corpus.name} have an empty {what} and were skipped", skipped_empty=empty)
+        note_skipped_empty(corpus, conv.skipped_empty - placeholders, "rows", conv.kind)
     if placeholders:
         which = ", ".join(f"{t!r} ({k:,})" for t, k in conv.placeholder_texts.most_common())
         corpus.note(
@@ -467,6 +497,22 @@ def note_skipped_rows(corpus: FederatedCorpus, conv: RowConverter) -> None:
             user_id_rows_maybe_rounded=conv.rounded_id_rows,
         )
     note_user_ids(corpus, conv)
+    note_unsegmented(corpus, conv.unsegmented)
+
+
+def note_unsegmented(corpus: FederatedCorpus, count: int) -> None:
+    """Say once when more than a fifth of the corpus's examples (``count`` of them) are Chinese,
+    Japanese, Thai, ... text without spaces between words (:func:`unsegmented`): the tokenizer
+    would make every phrase between two punctuation marks one token."""
+    total = corpus.num_examples
+    if count and 5 * count > total:
+        corpus.note(
+            f"{count:,} of the {total:,} examples of {corpus.name} are Chinese, Japanese, Thai or other text written without "
+            f"spaces between words (most of it in runs of {UNSEGMENTED_RUN} or more such characters): the tokenizer splits "
+            "words at spaces and punctuation only, so each phrase became one token; segment such text into words first "
+            "(e.g. jieba for Chinese, MeCab for Japanese, PyThaiNLP for Thai) and join the words by spaces",
+            unsegmented_examples=count,
+        )
 
 
 def loose_user_id(uid: str) -> str:
@@ -511,7 +557,8 @@ def note_sentences(corpus: FederatedCorpus, conv: RowConverter) -> None:
     if conv.unit == "sentence":
         corpus.note(
             f"examples are sentences (unit='sentence'): {conv.split_rows:,} rows of {corpus.name} split into {conv.sentences:,} "
-            "sentences at . ! ? before a capital or a digit (not after e.g., i.e., et al., Fig. 3, ...), "
+            "sentences at . ! ? before a capital or a digit (not after e.g., i.e., et al., Fig. 3, ...) and at every "
+            "full-width 。！？, "
             "hard line breaks joined, LaTeX kept as text",
             unit="sentence", split_rows=conv.split_rows, sentences=conv.sentences,
         )
@@ -531,8 +578,10 @@ def decode_line(path: str | os.PathLike[str], n: int, raw: bytes) -> str:
         text = raw.decode("utf-8", errors="strict")
     except UnicodeDecodeError as e:
         if n == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):
-            raise DataFormatError(path, n, "not valid UTF-8: the file starts with a UTF-16 byte-order mark (save it as UTF-8)") from None
-        raise DataFormatError(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start} of the line)") from None
+            raise DataFormatError(
+                path, n, "not valid UTF-8: the file starts with a UTF-16 byte-order mark (save it as UTF-8, e.g. iconv -f UTF-16 -t UTF-8 FILE > OUT)"
+            ) from None
+        raise DataFormatError(path, n, f"not valid UTF-8 ({e.reason} at byte {e.start} of the line): text in another encoding? {TO_UTF8}") from None
     nul = text.find("\x00")
     if nul >= 0:
         raise DataFormatError(path, n, f"NUL byte at column {nul + 1}: a binary file, or UTF-16 text? (fedpriv reads UTF-8 text)")

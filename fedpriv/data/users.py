@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedpriv.data.tabular import is_placeholder_id, normalized_user_id
+from fedpriv.data.tabular import decoded_lines, is_placeholder_id, normalized_user_id
 from fedpriv.errors import DataFormatError, FedprivError, SourceError
 
 DEFAULT_BLOCK = 10
@@ -98,18 +98,15 @@ def read_mapping(mapping: Path, count: int, unit: str, source: Path) -> list[str
     if not mapping.is_file():
         raise SourceError(f"{mapping}: no such user-mapping file")
     ids = []
-    with open(mapping, encoding="utf-8", errors="strict") as f:
-        try:
-            for n, line in enumerate(f, start=1):
-                uid = named_user(line)
-                if not uid:
-                    raise DataFormatError(mapping, n, "empty user id (expected one user id per line)")
-                why = placeholder_problem(uid)
-                if why:
-                    raise DataFormatError(mapping, n, f"{why}; name the user of this {unit}")
-                ids.append(uid)
-        except UnicodeDecodeError as e:
-            raise DataFormatError(mapping, len(ids) + 1, f"not valid UTF-8 ({e.reason})") from None
+    with open(mapping, "rb") as f:
+        for n, line in decoded_lines(mapping, f):  # strictly UTF-8, errors naming the line (as every text loader)
+            uid = named_user(line)
+            if not uid:
+                raise DataFormatError(mapping, n, "empty user id (expected one user id per line)")
+            why = placeholder_problem(uid)
+            if why:
+                raise DataFormatError(mapping, n, f"{why}; name the user of this {unit}")
+            ids.append(uid)
     if len(ids) != count:
         raise DataFormatError(mapping, None, f"has {len(ids)} user ids but {source} has {count} {unit}s")
     return ids

@@ -8,7 +8,7 @@ import pytest
 from fedpriv.data.corpus import FederatedCorpus, stable_unit_hash
 from fedpriv.data.examples import TaggedExample, TextExample
 from fedpriv.data.shakespeare import load_shakespeare
-from fedpriv.data.stores import PackedStore, user_sort_key
+from fedpriv.data.stores import MemoryStore, PackedStore, user_sort_key
 from fedpriv.errors import EmptyCorpusError, FedprivError
 
 
@@ -243,7 +243,8 @@ def test_packed_store_gives_back_every_example_exactly_in_user_then_source_order
     times = [None, 1.5, 0.0, None, 3.0, -2.0, 1e9, None, 2.25, None]
     pairs = _stream_of(_AWKWARD_TEXTS, users, times)
     packed = FederatedCorpus.from_stream(iter(pairs), "text", name="p")
-    want = FederatedCorpus.from_dict({u: [e for v, e in pairs if v == u] for u in dict.fromkeys(users)})
+    # the reference keeps the empty text as the packed store does (from_dict would skip it)
+    want = FederatedCorpus(MemoryStore({u: [e for v, e in pairs if v == u] for u in dict.fromkeys(users)}, "text"))
     assert isinstance(packed.store, PackedStore)
     assert list(packed.user_ids) == list(want.user_ids) == ["02", "2", "10", "bob", "x"]
     assert packed.counts().tolist() == want.counts().tolist()
@@ -269,7 +270,7 @@ def test_packed_store_word_ids_are_the_split_words_of_its_examples():
         assert words == [w for e in exs for w in e.text.split()]
     # the flat read through the word table equals the read that splits every text
     flat = packed.flat_text()
-    fallback = FederatedCorpus.from_dict({u: packed.examples(u) for u in packed.user_ids}).flat_text()
+    fallback = FederatedCorpus(MemoryStore({u: packed.examples(u) for u in packed.user_ids}, "text")).flat_text()  # the empty text kept
     assert flat.num_examples == fallback.num_examples == 5
     assert [flat.example_words(i) for i in range(5)] == [fallback.example_words(i) for i in range(5)]
 
@@ -331,3 +332,48 @@ def test_packed_store_keeps_a_timestamp_that_is_no_float_exactly():
     assert [e.timestamp for e in got] == [big, 5] and type(got[1].timestamp) is int
     tagged = FederatedCorpus.from_stream(iter([("b", TaggedExample(("t",), ("O",), 10**400))]), "tagged")
     assert tagged.examples("b")[0].timestamp == 10**400
+
+
+# ---- from_dict reads its keys and examples as the file loaders do ------------------------------
+
+
+def test_from_dict_refuses_two_keys_that_are_one_user_id_naming_both():
+    """``1`` and ``"1"`` both print as user ``"1"``: the second used to replace the first, whose
+    examples were lost without a word."""
+    users = {1: [TextExample("hello world")], "1": [TextExample("other person")], "u2": [TextExample("x")]}
+    with pytest.raises(FedprivError, match=r"^mine: the user keys 1 and '1' are both the user id '1'"):
+        FederatedCorpus.from_dict(users, name="mine")
+
+
+def test_from_dict_skips_empty_examples_with_the_loaders_note(tmp_path):
+    """Empty and whitespace-only texts (and tagged examples without tokens) are no examples: they
+    are skipped and counted with the note the table loaders write, not kept silently."""
+    c = FederatedCorpus.from_dict({1: [TextExample("hello world")], "u2": [TextExample(""), TextExample("   ")], "u3": [TextExample("a"), TextExample("\t")]})
+    assert [(u, [e.text for e in exs]) for u, exs in c.users()] == [("1", ["hello world"]), ("u3", ["a"])]
+    assert c.notes == ["3 examples of corpus have an empty text and were skipped"]
+    assert c.info["skipped_empty"] == 3
+    # the same words as a table loader's note for its empty rows
+    from fedpriv.data.tabular import load_table
+
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"user_id": "a", "text": "x"}\n{"user_id": "a", "text": "  "}\n', encoding="utf-8")
+    assert load_table(p).notes == ["1 rows of t.jsonl have an empty text and were skipped"]
+    tagged = FederatedCorpus.from_dict({"a": [TaggedExample(("x",), ("O",)), TaggedExample((), ())]}, name="t")
+    assert tagged.notes == ["1 examples of t have an empty token list and were skipped"] and tagged.num_examples == 1
+    with pytest.raises(EmptyCorpusError, match="no users with examples"):
+        FederatedCorpus.from_dict({"a": [TextExample(" ")]})
+    assert FederatedCorpus.from_dict({"a": [TextExample("x")]}).notes == []  # nothing skipped, nothing said
+
+
+def test_an_integer_user_id_reads_the_user_it_prints():
+    """Ids are strings; ``corpus.examples(1004)`` used to say "no user 1004" although user
+    ``"1004"`` is there."""
+    c = FederatedCorpus.from_dict({"1004": [TextExample("a b")], "bob": [TextExample("c")]})
+    assert c.examples(1004) == c.examples("1004") == [TextExample("a b")]
+    assert c[1004] == [TextExample("a b")]
+    assert 1004 in c and "1004" in c and 7 not in c
+    assert c.examples(np.int64(1004)) == [TextExample("a b")]
+    with pytest.raises(FedprivError, match=r"no user 7 \(user ids are strings, such as '1004'\)"):
+        c.examples(7)
+    with pytest.raises(FedprivError, match=r"no user True"):  # a bool is no id
+        c.examples(True)

@@ -194,3 +194,67 @@ def test_user_ids_follow_the_table_rules(tmp_path, rows):
         assert hf.examples(user) == jl.examples(user)
     assert [e.text for e in hf.examples("alice")] == [normalize(table[i]["text"]) for i in (0, 2, 5)]
     assert any("placeholder user id" in n for n in hf.notes)
+
+
+def test_loading_and_reading_users_prints_no_progress_bar(tmp_path, capfd):
+    """flwr-datasets' NaturalIdPartitioner printed ``Generating partition_id_to_indices: 449it ...``
+    on stderr (a tqdm bar) when the first user was read, on ``fedpriv data inspect`` and in runs;
+    datasets' own bars are off too. Both are as they were afterwards."""
+    from flwr_datasets.partitioner import natural_id_partitioner
+
+    from fedpriv.cli import main
+
+    users = ["a", "b", "c", "a ", "b"]  # "a" and "a " are one user: its rows come from two partitions
+    datasets.Dataset.from_dict({"user_id": users, "text": ["x y", "z", "w", "v", "u"]}).save_to_disk(str(tmp_path / "saved"))
+    capfd.readouterr()  # saving prints datasets' bars: not ours
+    bar, was_off = natural_id_partitioner.tqdm, datasets.are_progress_bars_disabled()
+    c = load_hf_dataset(tmp_path / "saved")
+    assert [(u, [e.text for e in exs]) for u, exs in c.users()] == [("a", ["x y", "v"]), ("b", ["z", "u"]), ("c", ["w"])]
+    assert main(["data", "inspect", str(tmp_path / "saved"), "--json"]) == 0
+    out, err = capfd.readouterr()
+    assert json.loads(out)["users"] == 3
+    assert "Generating" not in err and "it/s" not in err and "it [" not in err, err
+    assert err == ""
+    assert natural_id_partitioner.tqdm is bar and datasets.are_progress_bars_disabled() == was_off
+
+
+def test_quiet_progress_restores_what_it_found():
+    from flwr_datasets.partitioner import natural_id_partitioner
+
+    from fedpriv.data.hf import quiet_progress
+
+    bar = natural_id_partitioner.tqdm
+    for off in (True, False):
+        (datasets.disable_progress_bars if off else datasets.enable_progress_bars)()
+        with quiet_progress():
+            assert datasets.are_progress_bars_disabled() and natural_id_partitioner.tqdm is not bar
+            with quiet_progress():
+                assert datasets.are_progress_bars_disabled()
+            assert datasets.are_progress_bars_disabled()
+        assert datasets.are_progress_bars_disabled() == off and natural_id_partitioner.tqdm is bar
+    datasets.enable_progress_bars()
+
+
+def test_a_folder_of_per_user_text_files_points_to_how_to_load_them(tmp_path):
+    """A folder of ``alice.txt``, ``bob.txt`` given as the source was refused as "not a dataset
+    saved with save_to_disk" and nothing more; the refusal now says how such files load."""
+    folder = tmp_path / "userdirs"
+    folder.mkdir()
+    (folder / "alice.txt").write_text("hello there\n", encoding="utf-8")
+    (folder / "bob.txt").write_text("hi\n", encoding="utf-8")
+    with pytest.raises(SourceError) as e:
+        load_hf_dataset(folder)
+    msg = str(e.value)
+    assert msg.startswith(f"{folder}: not a dataset saved with save_to_disk") and "\n" not in msg
+    assert "it holds 2 text file(s): a folder of per-user text files is not read as users" in msg
+    assert "users=mapping:PATH" in msg and "docs/data.md, 'A folder of per-user text files'" in msg
+    page = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
+    assert "## Plain text files, and a folder of per-user text files" in page  # the section it names
+    other = tmp_path / "tables"
+    other.mkdir()
+    (other / "a.jsonl").write_text("{}\n")
+    with pytest.raises(SourceError, match=r"it holds 1 data file\(s\): give one file as the source$"):
+        load_hf_dataset(other)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SourceError, match=r"directory\.\)$"):  # nothing to point to
+        load_hf_dataset(tmp_path / "empty")

@@ -53,3 +53,19 @@ def test_loader_options_of_the_right_types_are_taken(options, tmp_path):
     assert open_corpus(str(POSTS), drop_owners=["-1", 5]).num_examples > 0
     with pytest.raises(SourceError, match="unit must be 'sentence' or 'turn'"):
         open_corpus("shakespeare", unit=5)
+
+
+def test_a_missing_relative_source_names_the_directory_it_was_looked_for_in(tmp_path, monkeypatch):
+    """A relative ``data.source`` that does not exist said only "no such file or directory":
+    relative to what (the config's folder? the current one?) was left to guess."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SourceError) as e:
+        open_corpus("data/posts.jsonl")
+    assert str(e.value) == (
+        f"data/posts.jsonl: no such file or directory (relative to the current directory {tmp_path}; "
+        "and not 'shakespeare' or 'synthetic:...')"
+    )
+    with pytest.raises(SourceError, match=r"^/no/such/posts\.jsonl: no such file or directory \(and not 'shakespeare'"):
+        open_corpus("/no/such/posts.jsonl")  # an absolute path says nothing more
+    with pytest.raises(SourceError, match=r"^~/posts\.jsonl: no such file or directory \(~ is not expanded"):
+        open_corpus("~/posts.jsonl")

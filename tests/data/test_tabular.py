@@ -490,3 +490,80 @@ def test_user_ids_of_two_types_that_print_the_same_are_refused_naming_both_lines
         load_table(p)
     p.write_text('{"user_id": 7, "text": "a"}\n{"user_id": "07", "text": "b"}\n{"user_id": 7, "text": "c"}\n{"user_id": "x", "text": "d"}\n', encoding="utf-8")
     assert sorted(load_table(p).user_ids) == ["07", "7", "x"]  # one type per printed id: read as before
+
+
+# ---- review fixes: the UTF-8 hint, text without spaces between words, the sentence note ----------
+
+
+def test_text_in_another_encoding_says_how_to_save_it_as_utf8(tmp_path):
+    """A CSV saved as Windows-1252 was refused with the byte and line only; the UTF-16 case gave
+    the fix. Both say it now (one line, file and line first)."""
+    p = tmp_path / "mixed.csv"
+    rows = [f"u{i},fine text {i}\n".encode() for i in range(50)]
+    p.write_bytes(b"user_id,text\n" + b"".join(rows) + "u9,caf\u00e9 cr\u00e8me\n".encode("cp1252"))
+    with pytest.raises(DataFormatError) as e:
+        load_table(p)
+    msg = str(e.value)
+    assert msg.startswith(f"{p}:52: not valid UTF-8 (invalid continuation byte at byte 6 of the line): ") and "\n" not in msg
+    assert msg.endswith("save it as UTF-8, e.g. iconv -f WINDOWS-1252 -t UTF-8 FILE > OUT for a Windows file")
+    u16 = tmp_path / "u16.jsonl"
+    u16.write_bytes('{"user_id": "a", "text": "x"}\n'.encode("utf-16"))
+    with pytest.raises(DataFormatError, match=r"u16.jsonl:1: not valid UTF-8: the file starts with a UTF-16 byte-order mark \(save it as UTF-8, e\.g\. iconv -f UTF-16"):
+        load_table(u16)
+
+
+CHINESE = ["我今天去了商店买东西。天气很好，我们一起去公园散步吧！", "他说这本书非常有意思，所以我也想读一读。"]
+JAPANESE = ["今日は天気がいいですね。明日も晴れるでしょうか？"]
+
+
+def _rows(tmp_path, texts, name="t.jsonl"):
+    p = tmp_path / name
+    p.write_text("".join(json.dumps({"user_id": f"u{i % 2}", "text": t}, ensure_ascii=False) + "\n" for i, t in enumerate(texts)), encoding="utf-8")
+    return p
+
+
+def _unsegmented_notes(c):
+    return [n for n in c.notes if "without spaces between words" in n]
+
+
+@pytest.mark.parametrize("unit", ["row", "sentence"])
+def test_text_without_spaces_between_words_is_noted_once(tmp_path, unit):
+    """Chinese and Japanese sentences became one token per clause (``tokens per example 2.0``)
+    without a word; a note now says why, and how to segment such text."""
+    c = load_table(_rows(tmp_path, CHINESE + JAPANESE), unit=unit)
+    (note,) = _unsegmented_notes(c)
+    n = c.num_examples
+    assert note.startswith(f"{n} of the {n} examples of t.jsonl are Chinese, Japanese, Thai or other text written without spaces between words")
+    assert "the tokenizer splits words at spaces and punctuation only" in note
+    assert "jieba for Chinese, MeCab for Japanese" in note and "join the words by spaces" in note
+    assert c.info["unsegmented_examples"] == n
+
+
+def test_segmented_or_other_text_gives_no_such_note(tmp_path):
+    segmented = ["我 今天 去 了 商店 买 东西 。 天气 很 好 ， 我们 一起 去 公园 散步 吧 ！", "今日 は 天気 が いい です ね 。"]
+    korean = ["오늘은 날씨가 정말 좋네요. 내일도 맑을까요?"]  # Korean is written with spaces
+    latin = ["Hello world, this is text.", "Ünïcödé wörds with äccents and naïve façades."]
+    for i, texts in enumerate((segmented, korean, latin)):
+        assert _unsegmented_notes(load_table(_rows(tmp_path, texts, f"t{i}.jsonl"))) == []
+    # a few unsegmented rows among many English ones are not a large share
+    mixed = load_table(_rows(tmp_path, CHINESE[:1] + latin * 5, "mixed.jsonl"))
+    assert _unsegmented_notes(mixed) == []
+
+
+def test_unsegmented_counts_runs_of_the_scripts_without_spaces():
+    from fedpriv.data.tabular import unsegmented
+
+    assert unsegmented(normalize("我今天去了商店买东西。"))
+    assert unsegmented(normalize("ภาษาไทยเขียนติดกันโดยไม่มีช่องว่าง"))  # Thai
+    assert not unsegmented(normalize("我 今天 去 了 商店 买 东西 。"))
+    assert not unsegmented("你好")  # too short to tell
+    assert not unsegmented("plain ascii text with averyveryverylongwordindeed")
+    assert not unsegmented("。。。。。。。。。。")  # punctuation is no word
+
+
+def test_the_sentence_note_names_the_full_width_terminators(tmp_path):
+    """The note said sentences were split "at . ! ? before a capital or a digit" also where they
+    were split at 。"""
+    c = load_table(_rows(tmp_path, CHINESE), unit="sentence")
+    assert c.num_examples == 3
+    assert "split into 3 sentences at . ! ? before a capital or a digit (not after e.g., i.e., et al., Fig. 3, ...) and at every full-width 。！？, " in c.notes[0]

@@ -76,3 +76,18 @@ def test_spill_to_streams_the_lines_to_disk_and_reads_the_same(tmp_path):
     assert disk.user_ids == mem.user_ids == ("para-0", "para-1", "para-2")
     assert [disk.examples(u) for u in disk.user_ids] == [mem.examples(u) for u in mem.user_ids]
     assert disk.notes == mem.notes and disk.info["lines"] == mem.info["lines"] == 5
+
+
+def test_a_mapping_file_in_another_encoding_names_its_line_and_the_fix(tmp_path):
+    """The mapping was decoded in chunks, so the error named the line the chunk started at (1),
+    not the line of the bad byte, and gave no fix; it is read as every text file is now."""
+    p = tmp_path / "lines.txt"
+    p.write_text("one\ntwo\nthree\n", encoding="utf-8")
+    m = tmp_path / "who.txt"
+    m.write_bytes(b"ann\nbob\nj\xf6rg\n")  # Latin-1
+    with pytest.raises(DataFormatError) as e:
+        load_text(p, users=f"mapping:{m}")
+    assert str(e.value).startswith(f"{m}:3: not valid UTF-8 (invalid start byte at byte 1 of the line): ")
+    assert str(e.value).endswith("save it as UTF-8, e.g. iconv -f WINDOWS-1252 -t UTF-8 FILE > OUT for a Windows file")
+    m.write_bytes(b"\xef\xbb\xbfann\r\nbob\r\nj\xc3\xb6rg\r\n")  # a BOM and CRLF line ends: read as before
+    assert list(load_text(p, users=f"mapping:{m}").user_ids) == ["ann", "bob", "jörg"]
