@@ -85,8 +85,10 @@ def plot_exposure_vs_insertions(series: Sequence[Mapping[str, Any]], path: str |
     """Per-canary exposure (bits, y) against its number of insertions in the training data + 1
     (x, log scale), one marker series per run; private runs (``private`` true) in dark colours and
     circles with solid lines, non-private runs in warm colours and crosses with dashed lines, the
-    lines joining the mean exposure per insertion count (Hoory et al. 2021, Figure 2).
-    Each series: {run, private, epsilon, insertions: [int], exposure: [bits]}."""
+    lines joining the mean exposure per insertion count (Hoory et al. 2021, Figure 2). A canary
+    whose exposure is the ceiling of a sampled estimate (``ceiling``: it beat every sampled suffix)
+    is ringed in grey, with one legend entry saying so.
+    Each series: {run, private, epsilon, insertions: [int], exposure: [bits], ceiling: [bool] (optional)}."""
     fig = _figure(7.0, 4.5)
     ax = fig.add_subplot()
     counters = {True: 0, False: 0}
@@ -102,6 +104,10 @@ def plot_exposure_vs_insertions(series: Sequence[Mapping[str, Any]], path: str |
             by_x.setdefault(x, []).append(e)
         line_x = sorted(by_x)
         ax.plot(line_x, [sum(by_x[x]) / len(by_x[x]) for x in line_x], color=color, linestyle="-" if private else "--", linewidth=1)
+    ceiling = [(i + 1, e) for s in series for i, e, c in zip(s["insertions"], s["exposure"], s.get("ceiling") or [False] * len(s["exposure"])) if c]
+    if ceiling:  # the estimate's largest value, not a measurement: ringed, and said in the legend
+        ax.scatter([x for x, _ in ceiling], [e for _, e in ceiling], marker="o", s=120, facecolors="none", edgecolors="#888888", linewidths=1.2,
+                   label="ringed: at the ceiling log2|R| (beat every sampled suffix; not a measurement)", zorder=2)
     ax.set_xscale("log")
     _log_axis(ax.xaxis)
     ax.set_xlabel("insertions of the canary + 1 (log scale)")
@@ -146,52 +152,91 @@ UNIT_MARKERS = {"example-level DP": "o", "user-level DP": "s", "record-level DP 
                 "example-level DP of the encoder only (own training not private)": "D"}
 
 
+def promise(point: Mapping[str, Any]) -> tuple[Any, Any, Any] | None:
+    """What a point's epsilon promises: (unit, neighbouring relation, δ); None when not private.
+    Two epsilons are one scale only when these agree."""
+    if point["epsilon"] is None or point["epsilon"] <= 0:
+        return None
+    return (point.get("unit"), point.get("relation"), point.get("delta"))
+
+
+def promise_text(key: tuple[Any, Any, Any]) -> str:
+    """'user-level DP, replace-one, δ = 1e-05' (the parts a point records)."""
+    unit, relation, delta = key
+    return ", ".join(x for x in (unit, relation, None if delta is None else f"δ = {delta:.3g}") if x)
+
+
 def utility_point_styles(points: Sequence[Mapping[str, Any]]) -> list[tuple[int, str, str | None]]:
     """(colour index, marker, legend label or None) per point of :func:`plot_utility_vs_epsilon`:
     a run group's seeds share a colour and one legend entry, which names the group and what its
-    epsilon protects; the marker is the unit's (x: not private)."""
+    epsilon promises (unit, neighbouring relation, δ); the marker is the unit's (x: not private)."""
     groups = list(dict.fromkeys(p.get("group", p["run"]) for p in points))
     out, labelled = [], set()
     for p in points:
         group = p.get("group", p["run"])
-        private = p["epsilon"] is not None and p["epsilon"] > 0
-        unit = p.get("unit") if private else None
-        label = None if group in labelled else (f"{group} ({unit})" if unit else group)
+        key = promise(p)
+        unit = key[0] if key else None
+        said = promise_text(key) if key else ""
+        label = None if group in labelled else (f"{group} ({said})" if said else group)
         labelled.add(group)
-        out.append((groups.index(group), UNIT_MARKERS.get(unit, "o") if private else "x", label))
+        out.append((groups.index(group), UNIT_MARKERS.get(unit, "o") if key else "x", label))
     return out
 
 
 def plot_utility_vs_epsilon(points: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:
-    """Utility (y, %: held-out accuracy, or the points' ``metric``) against epsilon (x, log scale), one point per run; runs without
-    epsilon are drawn at the right edge, past a dashed line, at the tick 'not private'. The runs of
-    one ``group`` (its seeds) share a colour and one legend entry; the marker says what the epsilon
-    protects (``unit``: circle one example, square one user, triangle one record inside its client,
-    x not private), so epsilons of different units are never read as one scale.
-    Each point: {run, epsilon (None when not private), accuracy (a fraction), group, unit}."""
+    """Utility (y, %: held-out accuracy, or the points' ``metric``) against epsilon (x, log scale),
+    one point per run, one panel per promise: each (unit, neighbouring relation, δ) of the private
+    points gets its own panel and its own ε axis, labelled with that promise, so an ε per user at
+    δ = 1e-3 and an ε per example at δ = 1e-5 (or a replace-one and an add-or-remove-one ε) never
+    share a scale. Runs without epsilon are drawn in every panel at the right edge, past a dashed
+    line, at the tick 'not private'. The runs of one ``group`` (its seeds) share a colour and one
+    legend entry naming its promise; the marker says what the epsilon protects (``unit``: circle one
+    example, square one user, triangle one record inside its client, x not private).
+    Each point: {run, epsilon (None when not private), accuracy (a fraction), group, unit, relation, delta}."""
+    return _save(utility_vs_epsilon_figure(points), path)
+
+
+def utility_vs_epsilon_figure(points: Sequence[Mapping[str, Any]]) -> Figure:
+    """The figure of :func:`plot_utility_vs_epsilon`: one axes per promise, the legend right of the last."""
     styles = utility_point_styles(points)
     n_groups = 1 + max((c for c, _, _ in styles), default=0)
     columns = 1 + n_groups // 30  # legend columns beside the axes
-    fig = _figure(7.0 + 2.6 * columns, 4.5 + 0.06 * max(0, n_groups // columns - 30))
-    ax = fig.add_subplot()
-    eps = [p["epsilon"] for p in points if p["epsilon"] is not None and p["epsilon"] > 0]
-    lo, hi = (min(eps), max(eps)) if eps else (1.0, 1.0)
-    edge = hi * 10 ** max(0.5, 0.25 * math.log10(hi / lo))  # "not private" column, right of every epsilon
-    for p, (color, marker, label) in zip(points, styles):
-        private = p["epsilon"] is not None and p["epsilon"] > 0
-        ax.scatter([p["epsilon"] if private else edge], [100 * p["accuracy"]], marker=marker, s=40,
-                   color=SERIES_COLORS[color % len(SERIES_COLORS)], label=label, zorder=3)
-    ax.set_xscale("log")
-    ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
-    ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
-    ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if eps else []
-    ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
-    ax.minorticks_off()
-    ax.set_xlabel("ε (log scale; the marker says what it protects)")
-    ax.set_ylabel(f"{points[0].get('metric', 'held-out accuracy') if points else 'held-out accuracy'} (%)")
-    ax.set_title("Utility against privacy")
-    ax.legend(fontsize=6 if n_groups > 12 else 7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=columns)
-    return _save(fig, path)
+    keys = list(dict.fromkeys(k for k in map(promise, points) if k is not None)) or [None]
+    width = 7.0 if len(keys) == 1 else 4.6 * len(keys)
+    fig = _figure(width + 2.6 * columns, 4.5 + 0.06 * max(0, n_groups // columns - 30))
+    axes = [fig.add_subplot(1, len(keys), 1)]
+    axes += [fig.add_subplot(1, len(keys), i + 1, sharey=axes[0]) for i in range(1, len(keys))]
+    for ax, key in zip(axes, keys):
+        mine = [(p, st) for p, st in zip(points, styles) if promise(p) is None or promise(p) == key]
+        eps = [p["epsilon"] for p, _ in mine if promise(p) is not None]
+        lo, hi = (min(eps), max(eps)) if eps else (1.0, 1.0)
+        edge = hi * 10 ** max(0.5, 0.25 * math.log10(hi / lo))  # "not private" column, right of every epsilon
+        for p, (color, marker, label) in mine:
+            private = promise(p) is not None
+            ax.scatter([p["epsilon"] if private else edge], [100 * p["accuracy"]], marker=marker, s=40,
+                       color=SERIES_COLORS[color % len(SERIES_COLORS)], label=label, zorder=3)
+        ax.set_xscale("log")
+        ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
+        ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
+        ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if eps else []
+        ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
+        ax.minorticks_off()
+        said = (promise_text(key) or "unit, relation and δ not recorded") if key else ""
+        ax.set_xlabel(f"ε ({said}; log scale)" if key else "ε (no private run)", **({"fontsize": 9} if len(keys) > 1 else {}))
+    axes[0].set_ylabel(f"{points[0].get('metric', 'held-out accuracy') if points else 'held-out accuracy'} (%)")
+    title = "Utility against privacy" + (": one panel per promise (unit, relation, δ), each ε on its own axis" if len(keys) > 1 else "")
+    if len(keys) > 1:
+        fig.suptitle(title)
+    else:
+        axes[0].set_title(title)
+    handles, labels = [], []
+    for ax in axes:  # each group's one labelled point, in group order
+        for h, lab in zip(*ax.get_legend_handles_labels()):
+            if lab not in labels:
+                handles.append(h)
+                labels.append(lab)
+    axes[-1].legend(handles, labels, fontsize=6 if n_groups > 12 else 7, loc="upper left", bbox_to_anchor=(1.01, 1.0), ncol=columns)
+    return fig
 
 
 def plot_memorization_vs_utility(series: Sequence[Mapping[str, Any]], path: str | os.PathLike[str]) -> Path:

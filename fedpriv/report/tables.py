@@ -22,9 +22,12 @@ Everything is read back from the store's files (``experiment.json``, each run's 
 ``audit.json`` and ``privacy_ledger.json``); nothing is retrained. The table-building functions
 are pure (data in, rows out); :func:`write_report` reads, builds and writes.
 
-Units: exposure in bits (log2 |R| - log2 rank, Carlini et al. 2019); accuracy as a fraction in the
-rows and CSV files, as a percentage in the Markdown; epsilon is unitless, its unit of privacy
-(example or user), neighbouring relation, sampling and accountant are in its guarantee string.
+Units: exposure in bits (log2 |R| - log2 rank, Carlini et al. 2019); a sampled estimate at log2 |R|
+(the canary beat every sampled suffix) is the estimate's ceiling, not a measurement, and is counted
+(``exposure_at_ceiling``) and marked wherever a mean or max includes it; accuracy as a fraction in the
+rows and CSV files, as a percentage in the Markdown; epsilon is unitless: the CSV files carry what it
+protects (``epsilon_unit``: example or user), its neighbouring relation (``neighbouring``, from the
+run's privacy ledger) and ``delta`` beside it, and the guarantee string adds the sampling and accountant.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from typing import Any
 
 from fedpriv.errors import FedprivError
 from fedpriv.memorization.audit import configuration_label
-from fedpriv.privacy.accounting import GaussianSteps, PLDTooCostly, epsilon_for
+from fedpriv.memorization.exposure import at_ceiling, beat_every_draw_bound
+from fedpriv.privacy.accounting import GaussianSteps, PLDTooCostly, common_relation, epsilon_for
 from fedpriv.privacy.ledger import PrivacyLedger
 from fedpriv.report import plots
 from fedpriv.report.chain import ENCODER_UNIT, chain_privacy, chains_markdown, source_key
@@ -69,21 +73,30 @@ PLOT_FILES = {
 # runs.csv columns, in order (one row per finished run; raw values, see comparison_rows)
 RUN_COLUMNS = [
     "run", "group", "seed", "canary_seed", "training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries",
-    "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits", "utility_metric", "test_utility", "test_accuracy",
+    "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits", "exposure_at_ceiling", "exposure_max_at_ceiling", "exposure_max_extrapolated_bits",
+    "utility_metric", "test_utility", "test_accuracy",
     "test_perplexity", "test_f1", "target_metric", "target_value", "target_reached", "target_at", "target_when", "target_value_reached",
-    "epsilon", "delta", "empirical_epsilon", "empirical_unit", "empirical_canaries", "assumptions", "flag", "not_covered",
+    "epsilon", "epsilon_unit", "neighbouring", "delta", "population", "sampling_rate", "empirical_epsilon", "empirical_unit", "empirical_canaries",
+    "assumptions", "flag", "not_covered",
 ]
 # comparison.csv columns (one row per run group: a run's seeds together; means and 95% intervals;
-# epsilon is the largest of its seeds' (what every run of the group spent at most), epsilon_min the smallest)
+# epsilon is the largest of its seeds' (what every run of the group spent at most), epsilon_min the smallest,
+# delta the largest; epsilon_unit (example or user) and neighbouring (add-or-remove-one, replace-one,
+# zero-out-one) say what it protects: two epsilons are one scale only where both agree, and delta too.
+# exposure_at_ceiling: canaries (every seed's) whose exposure is the ceiling log2|R| of a sampled estimate;
+# exposure_max_at_ceiling: exposure_max_bits is such a ceiling; exposure_max_extrapolated_bits: the largest
+# skew-normal extrapolation)
 COMPARISON_COLUMNS = [
     "run", "seeds", "training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries",
     "rs_memorized", "rs_memorized_low", "rs_memorized_high", "bs_memorized", "bs_memorized_low", "bs_memorized_high",
-    "exposure_mean_bits", "exposure_mean_low", "exposure_mean_high", "exposure_max_bits",
+    "exposure_mean_bits", "exposure_mean_low", "exposure_mean_high", "exposure_max_bits", "exposure_at_ceiling", "exposure_max_at_ceiling",
+    "exposure_max_extrapolated_bits",
     "utility_metric", "test_utility", "test_utility_low", "test_utility_high", "test_accuracy", "test_perplexity",
-    "target", "epsilon", "epsilon_min", "delta", "empirical_epsilon", "assumptions", "flag", "not_covered",
+    "target", "epsilon", "epsilon_min", "epsilon_unit", "neighbouring", "delta", "empirical_epsilon", "assumptions", "flag", "not_covered",
 ]
 CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds", "comparable"]
-CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits"]
+CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits",
+                         "exposure_at_ceiling"]
 
 
 # ---- reading the store ----------------------------------------------------------------------------
@@ -260,12 +273,74 @@ def not_covered(summary: Mapping[str, Any], public_vocabulary: bool = False) -> 
     return "; ".join(out)
 
 
-def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+#: What an epsilon protects, by privacy unit: one example (a record inside a client, an encoder's
+#: pretraining example: examples too) or one user.
+EPSILON_UNITS = {"example": "example", "example (client-side)": "example", ENCODER_UNIT: "example", "user": "user"}
+
+
+def named_relation(text: str | None) -> str | None:
+    """The first neighbouring relation a guarantee names (the ε's own: a client-side guarantee
+    appended after it names its own), None where it names none."""
+    text = text or ""
+    named = [(text.find(r), r) for r in RELATIONS if r in text]
+    return min(named)[1] if named else None
+
+
+def ledger_facts(events: Sequence[Any] | None) -> dict[str, Any]:
+    """What a run's privacy ledger records about its ε: ``neighbouring`` (the relation of its
+    events), ``population`` (N, the units sampled from) and ``sampling_rate`` (q), each None when
+    the ledger has no single value (no ledger, or events that differ)."""
+    events = list(events or [])
+    out: dict[str, Any] = {"neighbouring": None, "population": None, "sampling_rate": None}
+    if not events:
+        return out
+    try:
+        out["neighbouring"] = common_relation(events)
+    except FedprivError:
+        pass
+    pops, rates = {e.population for e in events}, {e.sampling_probability for e in events}
+    out["population"] = pops.pop() if len(pops) == 1 else None
+    out["sampling_rate"] = rates.pop() if len(rates) == 1 else None
+    return out
+
+
+def exposure_ceiling(by_run: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    """The exposure estimates at their ceiling among the audit rows of ``by_run`` (run -> canaries;
+    a group's seeds together): ``exposure_at_ceiling`` (how many canaries beat every sampled suffix,
+    so that their exposure is log2 |R|, the most a sampled estimate gives, not a measurement),
+    ``exposure_scored`` (canaries with an exposure), ``exposure_max_at_ceiling`` (the largest
+    exposure is such a ceiling), ``exposure_max_extrapolated_bits`` (the largest skew-normal
+    extrapolation, which resolves those canaries) and ``exposure_ceiling`` (per ceiling canary: run,
+    id, ceiling bits, the 95% lower bound of :func:`fedpriv.memorization.exposure.beat_every_draw_bound`,
+    its extrapolation). Counts and flags are None when no canary has an exposure."""
+    scored = [(run, c) for run, rows in by_run.items() for c in rows if c.get("exposure") is not None]
+    if not scored:
+        return {"exposure_at_ceiling": None, "exposure_scored": 0, "exposure_max_at_ceiling": None, "exposure_max_extrapolated_bits": None, "exposure_ceiling": []}
+    hit = [(run, c) for run, c in scored if at_ceiling(c["exposure"], c.get("candidate_space_log2"), c.get("exposure_method"))]
+    top = max(float(c["exposure"]) for _, c in scored)
+    extrapolated = [float(c["exposure_extrapolated"]) for _, c in scored if c.get("exposure_extrapolated") is not None]
+    ceiling = []
+    for run, c in hit:
+        n = c.get("rs_candidates")
+        bound = beat_every_draw_bound(int(n), 2.0 ** float(c["candidate_space_log2"])) if n else None
+        ceiling.append({"run": run, "id": c.get("id"), "ceiling_bits": float(c["candidate_space_log2"]), "sampled": n, "lower_bits": bound,
+                        "extrapolated_bits": c.get("exposure_extrapolated")})
+    return {"exposure_at_ceiling": len(hit), "exposure_scored": len(scored), "exposure_max_at_ceiling": any(float(c["exposure"]) == top for _, c in hit),
+            "exposure_max_extrapolated_bits": max(extrapolated) if extrapolated else None, "exposure_ceiling": ceiling}
+
+
+def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, Mapping[str, Any]], canaries: Mapping[str, Sequence[Mapping[str, Any]]] | None = None,
+                    ledgers: Mapping[str, Sequence[Any]] | None = None) -> list[dict[str, Any]]:
     """One row per finished run, in ``runs`` (experiment.json) order, with RUN_COLUMNS:
-    memorized counts out of ``canaries``; exposure in bits; the headline utility (``test_utility``:
-    next-token accuracy without OOV and EOS, entity F1, masked-token accuracy), accuracy and
-    perplexity as fractions on the test users; the utility target record; epsilon/delta None and
-    assumptions 'not private' for a non-DP run; a flag for rows that cannot be compared."""
+    memorized counts out of ``canaries``; exposure in bits, with the ceiling estimates among the
+    run's audit rows (``canaries``: run -> its audit.json canaries; :func:`exposure_ceiling`); the
+    headline utility (``test_utility``: next-token accuracy without OOV and EOS, entity F1,
+    masked-token accuracy), accuracy and perplexity as fractions on the test users; the utility
+    target record; epsilon/delta None and assumptions 'not private' for a non-DP run; what the
+    epsilon protects (``epsilon_unit``: example or user) under which ``neighbouring`` relation (the
+    run's privacy ledger, ``ledgers``: run -> its events, else the relation its guarantee names),
+    and the ledger's population N and sampling rate q; a flag for rows that cannot be compared."""
+    canaries, ledgers = canaries or {}, ledgers or {}
     rows = []
     for run in runs:
         s = summaries.get(run["name"])
@@ -285,6 +360,9 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             if local:  # the training text was privatized on the client too
                 assumptions += f"; training text locally privatized: {local.get('guarantee', local.get('mechanism'))}"
         t = s.get("target") or {}
+        # the ledger is the server-side mechanism's: it speaks for the row's epsilon only when that is the run's own DP-SGD / DP-FedAvg one
+        facts = ledger_facts(ledgers.get(run["name"]) if inherited is None and s.get("epsilon") is not None else None)
+        relation = (facts["neighbouring"] or named_relation(assumptions)) if epsilon is not None else None
         rows.append({
             "run": run["name"],
             "group": s.get("group") or run.get("group") or run["name"],
@@ -301,6 +379,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "bs_memorized": total.get("bs_memorized"),
             "exposure_mean_bits": total.get("exposure_mean"),
             "exposure_max_bits": total.get("exposure_max"),
+            **exposure_ceiling({run["name"]: canaries.get(run["name"], [])}),
             "utility_metric": s.get("utility_metric"),
             "utility_label": s.get("utility_label"),
             "test_utility": s.get("utility"),
@@ -314,7 +393,11 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "target_when": t.get("when"),
             "target_value_reached": t.get("reached_value"),
             "epsilon": epsilon,
+            "epsilon_unit": EPSILON_UNITS.get(privacy_unit, privacy_unit) if epsilon is not None else None,
+            "neighbouring": relation,
             "delta": delta,
+            "population": facts["population"],
+            "sampling_rate": facts["sampling_rate"],
             "empirical_epsilon": (s.get("empirical") or {}).get("epsilon_lower_bound"),
             "empirical_unit": (s.get("empirical") or {}).get("unit"),
             "empirical_canaries": (s.get("empirical") or {}).get("canaries"),
@@ -357,9 +440,13 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
     """One row per run group (a run's seeds together), ordered by privacy unit (not private,
     example, client-side, user) then experiment order, with COMPARISON_COLUMNS: RS/BS memorized
     as counts out of ``canaries`` and exposure in bits, each the mean over seeds and canaries with
-    its 95% hierarchical bootstrap interval; the headline utility's mean over seeds with its
-    interval (none with one seed); the secondary metrics' means; epsilon the largest of the seeds'
-    and epsilon_min the smallest; flags of any seed."""
+    its 95% hierarchical bootstrap interval, with the ceiling estimates of every seed's canaries
+    (:func:`exposure_ceiling`); the headline utility's mean over seeds with its interval (none with
+    one seed); the secondary metrics' means; epsilon the largest of the seeds' and epsilon_min the
+    smallest, delta the largest (every seed promises (epsilon, delta)); epsilon_unit and neighbouring
+    the seeds' (``mixed (...)`` when they differ, and flagged); the assumptions of the first seed,
+    named as such with each seed's N and q when the seeds' guarantees differ (each seed draws its
+    own held-out users, so its training population differs); flags of any seed."""
     groups: dict[str, list[Mapping[str, Any]]] = {}
     for r in run_rows:
         groups.setdefault(r["group"], []).append(r)
@@ -369,6 +456,12 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
         n = first.get("canaries")
         row: dict[str, Any] = {k: first.get(k) for k in ("training", "algorithm", "data", "batch", "batch_unit", "privacy_unit", "canaries", "utility_metric", "utility_label", "epsilon", "delta", "assumptions", "not_covered")}
         row.update(run=name, seeds=len(rows), runs=[r["run"] for r in rows])
+        row["assumptions"] = seeds_assumptions(rows)
+        deltas = [r.get("delta") for r in rows]
+        row["delta"] = max(deltas) if None not in deltas else first.get("delta")  # every seed is also (ε, δ)-DP at the largest δ
+        for key in ("epsilon_unit", "neighbouring"):
+            values = list(dict.fromkeys(r.get(key) for r in rows))
+            row[key] = values[0] if len(values) == 1 else f"mixed ({', '.join(str(v) for v in values)})"
         for key, col in (("rs_memorized", "rs_memorized"), ("bs_memorized", "bs_memorized"), ("exposure", "exposure_mean")):
             by_seed = _seeded(rows, canaries, key)
             est = interval(by_seed) if by_seed else None
@@ -376,6 +469,7 @@ def group_rows(run_rows: Sequence[Mapping[str, Any]], canaries: Mapping[str, Seq
                 est = est.scaled(float(n or 0))
             row[col if key == "exposure" else key] = est
         row["exposure_max_bits"] = _extreme(max, [r.get("exposure_max_bits") for r in rows])  # the largest of every seed's canaries
+        row.update(exposure_ceiling({r["run"]: canaries.get(r["run"], []) for r in rows}))
         utilities = [r.get("test_utility") for r in rows]
         row["test_utility"] = interval([[u] for u in utilities]) if all(u is not None for u in utilities) else None
         row["test_accuracy"] = _mean([r.get("test_accuracy") for r in rows])
@@ -405,11 +499,29 @@ RELATIONS = ("add-or-remove-one", "replace-one", "zero-out-one")
 
 def guarantee_kind(row: Mapping[str, Any]) -> tuple[Any, ...]:
     """What must agree for two runs' epsilons to be one promise: the privacy unit, δ and the
-    neighbouring relation: the first the guarantee names (the ε's own; a client-side DP-SGD
-    guarantee appended after it names its own), None where it names none."""
-    text = row.get("assumptions") or ""
-    named = [(text.find(r), r) for r in RELATIONS if r in text]
-    return (row.get("privacy_unit"), row.get("delta"), min(named)[1] if named else None)
+    neighbouring relation: the row's ``neighbouring`` (its ledger's), else the first its guarantee
+    names (the ε's own; a client-side DP-SGD guarantee appended after it names its own), None where
+    it names none."""
+    relation = row.get("neighbouring") or named_relation(row.get("assumptions"))
+    return (row.get("privacy_unit"), row.get("delta"), relation)
+
+
+def seeds_assumptions(rows: Sequence[Mapping[str, Any]]) -> str:
+    """A group's assumptions: its seeds' guarantee when they all state the same one; else the first
+    seed's, named as such, with each seed's population N and sampling rate q when those differ (each
+    seed draws its own held-out users, so each trains on another population). Every seed's own
+    guarantee is in runs.csv."""
+    first = rows[0]
+    text = first.get("assumptions") or ""
+    if len({r.get("assumptions") or "" for r in rows}) == 1:
+        return text
+    out = f"{first['run']} (each seed's own guarantee is in runs.csv): {text}"
+    pops = [(r.get("population"), r.get("sampling_rate")) for r in rows]
+    if len(set(pops)) > 1 and all(n is not None for n, _ in pops):
+        per = f" {first.get('epsilon_unit')}s" if first.get("epsilon_unit") else ""
+        out += ("; N and q differ by seed (each seed draws its own held-out users): "
+                + "; ".join(f"{r['run']} N = {n:,}{per} and q = {'varies' if q is None else format(q, '.6g')}" for r, (n, q) in zip(rows, pops)))
+    return out
 
 
 def _mean(values: Sequence[Any]) -> float | None:
@@ -528,6 +640,7 @@ def configuration_rows(run_names: Sequence[str], canaries: Mapping[str, Sequence
                 "bs_memorized": _count(rs, "bs_memorized"),
                 "exposure_mean_bits": sum(exps) / len(exps) if exps else None,
                 "exposure_max_bits": max(exps) if exps else None,
+                "exposure_at_ceiling": exposure_ceiling({run: rs})["exposure_at_ceiling"],
             }
         planted = next(c for rs in by_run.values() for c in rs)
         rows.append({"configuration": configuration_key(planted), "pattern": pattern or None, "p_u": p_u, "p_e": p_e, "cells": cells})
@@ -712,7 +825,7 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
         body.append([
             r["run"], r.get("seeds", 1), r["training"], r["algorithm"], r["data"], "—" if r["batch"] is None else f"{r['batch']:g} {r['batch_unit']}",
             estimate_text(r.get("rs_memorized"), ".3g", of=n), estimate_text(r.get("bs_memorized"), ".3g", of=n),
-            estimate_text(r.get("exposure_mean"), ".3g"), _num(r.get("exposure_max_bits")),
+            estimate_text(r.get("exposure_mean"), ".3g") + ceiling_count_text(r), exposure_max_text(r),
             estimate_text(r.get("test_utility"), ".2f", 100.0), "—" if r.get("test_accuracy") is None else f"{100 * r['test_accuracy']:.2f}",
             _num(r.get("test_perplexity"), ".1f"), r.get("target") or "—", UNIT_TITLES.get(r.get("privacy_unit"), str(r.get("privacy_unit"))),
             epsilon_text(r.get("epsilon"), r.get("delta"), r.get("privacy_unit"), r.get("epsilon_min"), guarantee_kind(r)[2]), "; ".join(f for f in (r.get("flag"), _uncovered_flag(r)) if f),
@@ -722,6 +835,52 @@ def comparison_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
             e = r.get("empirical_epsilon")
             body[-1].insert(16, "—" if e is None else f"{e:.3g} per {r.get('empirical_unit')}")
     return markdown_table(header, body)
+
+
+def ceiling_count_text(row: Mapping[str, Any]) -> str:
+    """' (3/36 at ceiling)' after a mean that counts canaries at the ceiling of their estimate ('' when none)."""
+    k = row.get("exposure_at_ceiling")
+    return f" ({k}/{row.get('exposure_scored')} at ceiling)" if k else ""
+
+
+def exposure_max_text(row: Mapping[str, Any]) -> str:
+    """The exposure max cell: the largest exposure, or, when that is the ceiling log2 |R| of a
+    sampled estimate (not a measurement), '36.9 at ceiling' with the largest skew-normal
+    extrapolation beside it ('36.9 at ceiling, extrapolated 34.8'); the note under the table says more."""
+    top = row.get("exposure_max_bits")
+    if top is None or not row.get("exposure_max_at_ceiling"):
+        return _num(top)
+    x = row.get("exposure_max_extrapolated_bits")
+    return f"{top:.3g} at ceiling" + (f", extrapolated {x:.3g}" if x is not None else "")
+
+
+def ceiling_note_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The note under a comparison table on exposure estimates at their ceiling: per row with such
+    canaries, how many, what the sample shows of them (a 95% lower bound) and their skew-normal
+    extrapolations ([] when no row has one)."""
+    hit = [r for r in rows if r.get("exposure_at_ceiling")]
+    if not hit:
+        return []
+    lines = ["", "**Exposure at the ceiling.** A canary that scores below every one of its N sampled suffixes gets the interpolated rank 1, "
+             "so its exposure estimate is log2 |R|, the most the estimate can give (with one sampled suffix at or below it, it gets about log2 N): a ceiling, "
+             "not a measurement. The sample shows only that its exposure is at least the bound below (95% confidence); the skew-normal "
+             "extrapolation (Carlini et al. 2019, section 4.3) estimates it. The means above count these canaries at log2 |R|, the most "
+             "they can have. Cells marked 'at ceiling':", ""]
+    for r in hit:
+        cs = r.get("exposure_ceiling") or []
+        ceilings = sorted({f"{c['ceiling_bits']:.3g}" for c in cs})
+        bounds = [c["lower_bits"] for c in cs if c.get("lower_bits") is not None]
+        samples = sorted({int(c["sampled"]) for c in cs if c.get("sampled")})
+        by_run: dict[str, list[str]] = {}
+        for c in cs:
+            x = c.get("extrapolated_bits")
+            by_run.setdefault(c["run"], []).append("none" if x is None else f"{x:.3g}")
+        n = r["exposure_at_ceiling"]
+        text = (f"- {r['run']}: {n} of {r.get('exposure_scored')} canaries at the ceiling log2 |R| = {' / '.join(ceilings)} bits"
+                + (f"; each beat all {' / '.join(f'{k:,}' for k in samples)} sampled suffixes, so its exposure is at least {min(bounds):.3g} bits (95% confidence)" if bounds else "")
+                + "; extrapolated (bits): " + "; ".join(f"{run} {', '.join(v)}" for run, v in by_run.items()) + ".")
+        lines.append(text)
+    return lines
 
 
 def _uncovered_flag(row: Mapping[str, Any]) -> str:
@@ -776,6 +935,9 @@ def introduction(name: str, settings: Mapping[str, Any], label: str = "utility")
         f"**BS memorized**: canaries whose suffix is among the top {top} beam-search (width {width}) continuations of their first word (Beam Search). "
         "**Exposure**, in bits, is log2 |R| − log2 rank of the canary among all possible suffixes R (Carlini et al. 2019; the rank is "
         "estimated from the sampled suffixes when R is large): a typical random suffix has about 1 bit, the maximum is log2 |R|. "
+        "A canary that beats every sampled suffix gets that maximum from the estimate: a ceiling, not a measurement; a mean that counts such "
+        "canaries says how many (\"3/36 at ceiling\"), a max at it says \"at ceiling\" with the skew-normal extrapolation, and a note "
+        "under the table gives what the sample shows. "
         "Memorization and exposure are means over seeds and canaries with a 95% bootstrap interval [low–high] (seeds, then canaries "
         "within a seed, drawn with replacement); with one seed the interval covers the canaries only. **Exposure max** is the largest "
         "over every seed's canaries. "
@@ -816,7 +978,7 @@ def comparison_markdown(
     by_label = rows_by_utility(rows)
     lines = introduction(name, settings or {}, next(iter(by_label)))
     if len(by_label) == 1:
-        lines += comparison_table_lines(rows)
+        lines += comparison_table_lines(rows) + ceiling_note_lines(rows)
     else:  # one table per headline metric: a masked-token accuracy and an entity F1 never share a column
         lines += [f"The runs are scored by {len(by_label)} headline metrics, one table each; metrics of different tables are not comparable."]
         for label, group in by_label.items():
@@ -824,7 +986,7 @@ def comparison_markdown(
             if "masked" in label:
                 lines += ["Masked-token accuracy is over each run's own vocabulary and evaluation data: compare it only between runs "
                           "that share both (chains.md puts them in blocks).", ""]
-            lines += comparison_table_lines(group)
+            lines += comparison_table_lines(group) + ceiling_note_lines(group)
     if contrasts:
         lines += ["", "## Contrasts", "", "Differences a − b between run groups, paired by seed (and canary), with 95% bootstrap intervals; "
                   "an interval that contains 0 does not show a difference. A contrast with a flagged run on either side "
@@ -862,7 +1024,8 @@ def write_csv(path: Path, columns: Sequence[str], rows: Sequence[Mapping[str, An
 
 # ---- plot inputs --------------------------------------------------------------------------------------
 def exposure_series(run_names: Sequence[str], summaries: Mapping[str, Mapping[str, Any]], canaries: Mapping[str, Sequence[Mapping[str, Any]]]) -> list[dict[str, Any]]:
-    """Per audited run: label, private flag, epsilon, and per-canary insertions and exposure (bits)."""
+    """Per audited run: label, private flag, epsilon, and per-canary insertions, exposure (bits) and
+    whether that exposure is the ceiling of a sampled estimate (``ceiling``)."""
     out = []
     for run in run_names:
         rows = [c for c in canaries.get(run, []) if c.get("exposure") is not None]
@@ -870,16 +1033,19 @@ def exposure_series(run_names: Sequence[str], summaries: Mapping[str, Mapping[st
             continue
         s = summaries[run]
         out.append({"run": run, "private": is_private(s), "epsilon": s.get("epsilon"),
-                    "insertions": [int(c["insertions"]) for c in rows], "exposure": [float(c["exposure"]) for c in rows]})
+                    "insertions": [int(c["insertions"]) for c in rows], "exposure": [float(c["exposure"]) for c in rows],
+                    "ceiling": [at_ceiling(c["exposure"], c.get("candidate_space_log2"), c.get("exposure_method")) for c in rows]})
     return out
 
 
 def utility_points(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """(run, its group, what its epsilon protects, epsilon or None, utility as a fraction, metric
-    name) per run row: the headline utility (next-token accuracy without OOV and EOS, entity F1,
-    masked-token accuracy)."""
+    """(run, its group, what its epsilon protects, its neighbouring relation and δ, epsilon or None,
+    utility as a fraction, metric name) per run row: the headline utility (next-token accuracy
+    without OOV and EOS, entity F1, masked-token accuracy). Epsilons of different (unit, relation,
+    δ) are different promises: the plot draws each combination in its own panel."""
     label = next((r.get("utility_label") for r in rows if r.get("utility_label")), "utility")
     return [{"run": r["run"], "group": r.get("group") or r["run"], "unit": UNIT_TITLES.get(r["privacy_unit"], r["privacy_unit"]) if r.get("privacy_unit") else None,
+             "relation": guarantee_kind(r)[2] if r.get("epsilon") is not None else None, "delta": r.get("delta") if r.get("epsilon") is not None else None,
              "epsilon": r["epsilon"], "accuracy": r["test_utility"], "metric": f"test {label}"} for r in rows if r.get("test_utility") is not None]
 
 
@@ -958,7 +1124,7 @@ def report_folder(store: Path, force: bool = False) -> Path:
 def _write_report(store: Path, contents: "StoreContents", out: Path) -> Path:
     """:func:`write_report`'s body: build every table and plot from ``contents`` into ``out``."""
     names = [r["name"] for r in contents.runs if r["name"] in contents.summaries]
-    run_rows = comparison_rows(contents.runs, contents.summaries)
+    run_rows = comparison_rows(contents.runs, contents.summaries, contents.canaries, contents.ledgers)
     rows = group_rows(run_rows, contents.canaries)
     config_rows = configuration_rows(names, contents.canaries)
     notes: list[str] = []

@@ -358,7 +358,7 @@ def test_configuration_rows_group_canaries_per_run():
                 "y": [canary(1e-4, 1.0, False, False, 2.0), canary(2e-5, 0.1, True, False, 6.0)]}
     rows = configuration_rows(["x", "y", "unaudited"], canaries)
     assert [r["configuration"] for r in rows] == ["p_u=2e-05 p_e=0.1", "p_u=0.0001 p_e=1"]
-    assert rows[1]["cells"]["x"] == {"canaries": 2, "rs_memorized": 2, "bs_memorized": 1, "exposure_mean_bits": 8.0, "exposure_max_bits": 9.0}
+    assert rows[1]["cells"]["x"] == {"canaries": 2, "rs_memorized": 2, "bs_memorized": 1, "exposure_mean_bits": 8.0, "exposure_max_bits": 9.0, "exposure_at_ceiling": 0}
     assert rows[0]["cells"]["y"]["rs_memorized"] == 1 and "unaudited" not in rows[0]["cells"]
 
 
@@ -408,7 +408,8 @@ def test_the_utility_plot_uses_the_headline_utility():
     from fedpriv.report.tables import utility_points
 
     ner = [{"run": "b", "epsilon": 3.0, "test_accuracy": 0.92, "test_utility": 0.14, "utility_label": "entity F1"}, {"run": "c", "epsilon": None, "test_utility": None}]
-    assert utility_points(ner) == [{"run": "b", "group": "b", "unit": None, "epsilon": 3.0, "accuracy": 0.14, "metric": "test entity F1"}]  # token accuracy is mostly the O tag
+    assert utility_points(ner) == [{"run": "b", "group": "b", "unit": None, "relation": None, "delta": None, "epsilon": 3.0, "accuracy": 0.14,
+                                    "metric": "test entity F1"}]  # token accuracy is mostly the O tag
 
 
 def test_the_utility_plot_marks_each_unit_and_draws_seeds_as_one_group():
