@@ -65,3 +65,13 @@ def test_every_shipped_experiment_is_valid():
         else:
             load_config(f)
     assert grids >= 4  # demo, thakkar-table1, thakkar-table1-small, stackexchange
+
+
+def test_pld_accounting_of_fixed_size_dp_sgd_batches_is_refused():
+    """PLD in dp_accounting covers Poisson sampling, not batches of exactly B sampled without
+    replacement: such a run would print a Poisson epsilon for a schedule it does not describe."""
+    from fedpriv.config import PrivacyConfig
+
+    with pytest.raises(ValueError, match="accountant = 'pld' does not cover sampling = 'fixed'"):
+        PrivacyConfig(clip_norm=1.0, noise_multiplier=1.0, delta=1e-5, sampling="fixed", accountant="pld")
+    assert PrivacyConfig(clip_norm=1.0, noise_multiplier=1.0, delta=1e-5, sampling="poisson", accountant="pld").accountant == "pld"

@@ -174,6 +174,23 @@ def test_dp_fedavg_weights_are_uniform_not_by_example_count():
     np.testing.assert_allclose(results[0] - results[1], [0.4 / 3, 0.5 / 3], atol=1e-6)
 
 
+def test_dp_fedavg_with_poisson_cohorts_divides_by_the_expected_m_not_the_realized_count():
+    """Under Poisson sampling the sum is divided by m = qN, public, never by the realized cohort
+    size (private, and a sensitivity that would change with it): 3 clients arrive where m = 5.
+    (Every other aggregation test fed exactly m clients, so a mutant dividing by the realized
+    count passed them.)"""
+    m = 5
+    deltas = [{"w0": jnp.array([0.1, 0.0])}, {"w0": jnp.array([0.0, 0.2])}, {"w0": jnp.array([0.3, 0.3])}]
+    results = []
+    for ds in (deltas, [{"w0": jnp.zeros(2)}] * 3):  # the same round key: the same noise; the difference is the noise-free sum / m
+        core = dp_core(z=1.0, S=10.0, m=m, sampling="poisson")
+        state = core.init_state(zeros_params((2,)))
+        acc = core.accumulator(state)
+        acc.add(stack(ds), np.ones(3))
+        results.append(np.asarray(core.finish_round(state, 1, acc)[0]["params"]["w0"]))
+    np.testing.assert_allclose(results[0] - results[1], [0.4 / m, 0.5 / m], atol=1e-6)
+
+
 def test_chunked_accumulation_equals_the_shared_clip_and_noise():
     rng = np.random.default_rng(1)
     m, S, z = 10, 1.0, 0.8
