@@ -26,7 +26,7 @@ import numpy as np
 from fedpriv.config import ExperimentConfig
 from fedpriv.memorization.beam_search import beam_memorized
 from fedpriv.memorization.canaries import Canary, Manifest
-from fedpriv.memorization.exposure import exposure_from_rank, extrapolated_exposure, interpolated_exposure
+from fedpriv.memorization.exposure import at_ceiling, exposure_from_rank, extrapolated_exposure, interpolated_exposure
 from fedpriv.memorization.random_sampling import draw_suffixes
 from fedpriv.memorization.rs_audit import audit_random_sampling
 
@@ -118,12 +118,18 @@ def summarize(rows: list[dict[str, Any]], task: str) -> dict[str, Any]:
         exps = [r["exposure"] for r in rs]
         out["exposure_mean"] = float(np.mean(exps)) if exps else None
         out["exposure_max"] = float(np.max(exps)) if exps else None
+        out["exposure_at_ceiling"] = sum(map(_capped, rs))  # counted in the mean and max at log2 |R|, the most the estimate gives
         return out
 
     groups: dict[str, list[dict]] = {}
     for r in rows:
         groups.setdefault(configuration_label(r), []).append(r)
     return {"total": block(rows), "by_configuration": {k: block(v) for k, v in groups.items()}}
+
+
+def _capped(row: dict[str, Any]) -> bool:
+    """Whether a canary's sampled exposure estimate is at its ceiling log2 |R| (:func:`~fedpriv.memorization.exposure.at_ceiling`)."""
+    return at_ceiling(row.get("exposure"), row.get("candidate_space_log2"), row.get("exposure_method"))
 
 
 def fmt_value(v: Any) -> str:
@@ -184,11 +190,15 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {name} | " + " | ".join(fmt_value(b[k]) for k in keys) + " |")
     lines += ["", "## Canaries", "", "| " + " | ".join(cols) + " |", "|" + " --- |" * len(cols)]
     for r in report["canaries"]:
-        lines.append("| " + " | ".join(fmt_value(r.get(c)) for c in cols) + " |")
+        lines.append("| " + " | ".join(fmt_value(r.get(c)) + (" (ceiling)" if c == "exposure" and _capped(r) else "") for c in cols) + " |")
     ex = report.get("extraction")
     if ex:
         lines += ["", "## Extraction (greedy continuation)", "", "| prefixes | examples | exact match | token accuracy | median edit distance |", "| --- | --- | --- | --- | --- |"]
         for name, m in ex.items():
             lines.append(f"| {name} | {fmt_value(m['examples'])} | {fmt_value(m.get('exact_match'))} | {fmt_value(m.get('token_accuracy'))} | {fmt_value(m.get('median_edit_distance'))} |")
-    lines += ["", "Exposure in bits: log2 |R| - log2 rank (Carlini et al. 2019); rank 1 = the canary is the most likely candidate.", ""]
+    lines += ["", "Exposure in bits: log2 |R| - log2 rank (Carlini et al. 2019); rank 1 = the canary is the most likely candidate."]
+    if s.get("exposure_at_ceiling"):
+        lines.append(f"{s['exposure_at_ceiling']} exposure(s) marked (ceiling) beat every sampled suffix: the estimate gives log2 |R|, its ceiling, "
+                     "not a measurement; exposure_extrapolated (skew-normal) estimates them (docs/memorization.md).")
+    lines.append("")
     return "\n".join(lines)

@@ -241,3 +241,25 @@ def test_exposure_on_an_enumerable_toy_matches_brute_force():
             assert abs(extra - exact) <= 0.3 and abs(inter - exact) <= 0.3, (r, exact, extra, inter)
         else:
             assert abs(extra - exact) <= 3.0, (r, exact, extra)
+
+
+def test_the_audit_counts_and_marks_exposures_at_the_sampled_ceiling():
+    """audit.json's summary counts the canaries whose sampled estimate is log2 |R| (they beat every
+    sampled suffix: a ceiling, not a measurement) and audit.md marks them; an enumerated R at log2
+    |R| is a measurement and is not marked."""
+    from fedpriv.memorization.audit import markdown, summarize
+
+    def row(i, exposure, method):
+        return {"id": f"c{i}", "p_u": 1.0, "p_e": 1.0, "sharers": 1, "insertions": 1, "rs_memorized": exposure > 30, "rs_rank": 1.0,
+                "bs_memorized": False, "exposure": exposure, "exposure_extrapolated": 20.0, "exposure_method": method, "candidate_space_log2": 36.9}
+
+    rows = [row(0, 36.9, "sampled"), row(1, 12.0, "sampled"), row(2, 36.9, "exact")]
+    summary = summarize(rows, "nwp")
+    assert summary["total"]["exposure_at_ceiling"] == 1 and summary["total"]["exposure_max"] == 36.9
+    report = {"task": "nwp", "run_dir": "r", "parameters": "p", "summary": summary, "canaries": rows,
+              "settings": {"rs_candidates": 20000, "beam_width": 5, "beam_top": 5}}
+    text = markdown(report)
+    assert text.count("(ceiling)") == 2  # the capped canary's cell, and the note naming the mark
+    assert "| c0 |" in text and "36.9 (ceiling)" in text.split("| c0 |")[1].split("\n")[0]
+    assert "(ceiling)" not in text.split("| c2 |")[1].split("\n")[0]
+    assert "1 exposure(s) marked (ceiling) beat every sampled suffix" in text
