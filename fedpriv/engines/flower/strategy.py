@@ -190,7 +190,8 @@ class FedprivStrategy(Strategy):
             steps += int(metrics.get("local-steps", 0))
             examples += int(self.setup.data.counts[np.asarray(metrics["users"], np.int64)].sum())
         self.state, info = self.core.finish_round(self.state, server_round, acc)
-        self.last_info = {**self.setup.round_info(loss_sum, steps, examples, info), "failed": failed}
+        # how many updates were lost tells the realized size of a Poisson DP cohort: left out there (as in the round's line)
+        self.last_info = {**self.setup.round_info(loss_sum, steps, examples, info), **({"failed": failed} if self._sizes_public() else {})}
         metrics = {k: float(v) for k, v in self.last_info.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         return params_to_record(self.state["params"]), MetricRecord(metrics)
 
