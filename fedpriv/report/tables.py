@@ -26,7 +26,7 @@ Units: exposure in bits (log2 |R| - log2 rank, Carlini et al. 2019); a sampled e
 (the canary beat every sampled suffix) is the estimate's ceiling, not a measurement, and is counted
 (``exposure_at_ceiling``) and marked wherever a mean or max includes it; accuracy as a fraction in the
 rows and CSV files, as a percentage in the Markdown; epsilon is unitless: the CSV files carry what it
-protects (``epsilon_unit``: example or user), its neighbouring relation (``neighbouring``, from the
+protects (``epsilon_unit``: the privacy unit, example, user, example (client-side) or example, encoder only), its neighbouring relation (``neighbouring``, from the
 run's privacy ledger) and ``delta`` beside it, and the guarantee string adds the sampling and accountant.
 """
 
@@ -81,7 +81,7 @@ RUN_COLUMNS = [
 ]
 # comparison.csv columns (one row per run group: a run's seeds together; means and 95% intervals;
 # epsilon is the largest of its seeds' (what every run of the group spent at most), epsilon_min the smallest,
-# delta the largest; epsilon_unit (example or user) and neighbouring (add-or-remove-one, replace-one,
+# delta the largest; epsilon_unit (the privacy unit: example, user, example (client-side), example, encoder only) and neighbouring (add-or-remove-one, replace-one,
 # zero-out-one) say what it protects: two epsilons are one scale only where both agree, and delta too.
 # exposure_at_ceiling: canaries (every seed's) whose exposure is the ceiling log2|R| of a sampled estimate;
 # exposure_max_at_ceiling: exposure_max_bits is such a ceiling; exposure_max_extrapolated_bits: the largest
@@ -94,7 +94,8 @@ COMPARISON_COLUMNS = [
     "utility_metric", "test_utility", "test_utility_low", "test_utility_high", "test_accuracy", "test_perplexity",
     "target", "epsilon", "epsilon_min", "epsilon_unit", "neighbouring", "delta", "empirical_epsilon", "assumptions", "flag", "not_covered",
 ]
-CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds", "comparable"]
+# exposure_at_ceiling (exposure rows): 'k/n − j/m', the canaries of each side at the sampled ceiling log2|R|, which the means count at it
+CONTRAST_COLUMNS = ["contrast", "a", "b", "quantity", "difference", "low", "high", "seeds", "comparable", "exposure_at_ceiling"]
 CONFIGURATION_COLUMNS = ["configuration", "pattern", "p_u", "p_e", "run", "canaries", "rs_memorized", "bs_memorized", "exposure_mean_bits", "exposure_max_bits",
                          "exposure_at_ceiling"]
 
@@ -273,9 +274,9 @@ def not_covered(summary: Mapping[str, Any], public_vocabulary: bool = False) -> 
     return "; ".join(out)
 
 
-#: What an epsilon protects, by privacy unit: one example (a record inside a client, an encoder's
-#: pretraining example: examples too) or one user.
-EPSILON_UNITS = {"example": "example", "example (client-side)": "example", ENCODER_UNIT: "example", "user": "user"}
+#: What a run's population N counts, by privacy unit: examples (a record inside a client, an
+#: encoder's pretraining example: examples too) or users.
+POPULATION_UNITS = {"example": "example", "example (client-side)": "example", ENCODER_UNIT: "example", "user": "user"}
 
 
 def named_relation(text: str | None) -> str | None:
@@ -337,7 +338,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
     headline utility (``test_utility``: next-token accuracy without OOV and EOS, entity F1,
     masked-token accuracy), accuracy and perplexity as fractions on the test users; the utility
     target record; epsilon/delta None and assumptions 'not private' for a non-DP run; what the
-    epsilon protects (``epsilon_unit``: example or user) under which ``neighbouring`` relation (the
+    epsilon protects (``epsilon_unit``: the privacy unit) under which ``neighbouring`` relation (the
     run's privacy ledger, ``ledgers``: run -> its events, else the relation its guarantee names),
     and the ledger's population N and sampling rate q; a flag for rows that cannot be compared."""
     canaries, ledgers = canaries or {}, ledgers or {}
@@ -393,7 +394,7 @@ def comparison_rows(runs: Sequence[Mapping[str, Any]], summaries: Mapping[str, M
             "target_when": t.get("when"),
             "target_value_reached": t.get("reached_value"),
             "epsilon": epsilon,
-            "epsilon_unit": EPSILON_UNITS.get(privacy_unit, privacy_unit) if epsilon is not None else None,
+            "epsilon_unit": privacy_unit if epsilon is not None else None,  # the privacy unit itself: a client-side ε is not a central one
             "neighbouring": relation,
             "delta": delta,
             "population": facts["population"],
@@ -518,7 +519,8 @@ def seeds_assumptions(rows: Sequence[Mapping[str, Any]]) -> str:
     out = f"{first['run']} (each seed's own guarantee is in runs.csv): {text}"
     pops = [(r.get("population"), r.get("sampling_rate")) for r in rows]
     if len(set(pops)) > 1 and all(n is not None for n, _ in pops):
-        per = f" {first.get('epsilon_unit')}s" if first.get("epsilon_unit") else ""
+        unit = POPULATION_UNITS.get(first.get("epsilon_unit"), first.get("epsilon_unit"))
+        per = f" {unit}s" if unit else ""
         out += ("; N and q differ by seed (each seed draws its own held-out users): "
                 + "; ".join(f"{r['run']} N = {n:,}{per} and q = {'varies' if q is None else format(q, '.6g')}" for r, (n, q) in zip(rows, pops)))
     return out
@@ -590,8 +592,13 @@ def contrast_rows(contrasts: Sequence[Mapping[str, str]], run_rows: Sequence[Map
             if va is None or vb is None or [len(x) for x in va] != [len(x) for x in vb]:
                 continue
             est = paired_difference(va, vb).scaled(scale)
-            out.append({"contrast": c["name"], "a": c["a"], "b": c["b"], "quantity": label, "difference": est.mean, "low": est.low, "high": est.high, "seeds": len(common),
-                        "comparable": comparable})
+            row = {"contrast": c["name"], "a": c["a"], "b": c["b"], "quantity": label, "difference": est.mean, "low": est.low, "high": est.high, "seeds": len(common),
+                   "comparable": comparable}
+            if key == "exposure":  # canaries at the sampled ceiling enter the means at log2 |R|: the difference is partly how many hit it
+                capped = [exposure_ceiling({r["run"]: canaries.get(r["run"], []) for r in side}) for side in (ra, rb)]
+                if any(x["exposure_at_ceiling"] for x in capped):
+                    row["exposure_at_ceiling"] = " − ".join(f"{x['exposure_at_ceiling'] or 0}/{x['exposure_scored']}" for x in capped)
+            out.append(row)
         ua, ub = [r.get("test_utility") for r in ra], [r.get("test_utility") for r in rb]
         if all(u is not None for u in ua + ub):
             est = paired_difference([[u] for u in ua], [[u] for u in ub]).scaled(100.0)
@@ -889,7 +896,7 @@ def _uncovered_flag(row: Mapping[str, Any]) -> str:
 
 def contrast_table_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """The contrasts (a − b, mean and 95% interval, paired by seed) as Markdown lines."""
-    body = [[r["contrast"], f"{r['a']} − {r['b']}", r["quantity"], estimate_text(Estimate(r["difference"], r["low"], r["high"], r["seeds"], 0), "+.3g"), r["seeds"],
+    body = [[r["contrast"], f"{r['a']} − {r['b']}", r["quantity"] + (f" (at ceiling: {r['exposure_at_ceiling']})" if r.get("exposure_at_ceiling") else ""), estimate_text(Estimate(r["difference"], r["low"], r["high"], r["seeds"], 0), "+.3g"), r["seeds"],
              r.get("comparable", "yes")] for r in rows]
     return markdown_table(["contrast", "runs", "quantity", "difference [95% interval]", "seeds", "at matched utility"], body)
 
@@ -992,7 +999,9 @@ def comparison_markdown(
                   "an interval that contains 0 does not show a difference. A contrast with a flagged run on either side "
                   "(it missed the utility target, or did not learn) is not at matched utility: its memorization difference may only say "
                   "that one side trained less. Without a utility target the runs are not matched at all (\"" + NO_TARGET + "\"): compare "
-                  "their utilities before their memorization.", ""]
+                  "their utilities before their memorization. An exposure difference whose sides have canaries at the sampled ceiling "
+                  "(\"at ceiling: k/n − j/m\") counts them at log2 |R|: it is as much a difference in how many canaries hit the ceiling "
+                  "as in measured exposure.", ""]
         lines += contrast_table_lines(contrasts)
     lines += list(uncounted)  # what no ε counts (fedpriv.report.uncounted)
     if unfinished:

@@ -127,12 +127,13 @@ def test_a_max_at_the_ceiling_is_marked_with_its_extrapolation_and_the_mean_coun
 
 # ---- 2. what each epsilon of the CSV files protects --------------------------------------------------------
 def _privacy_store():
-    """Four DP runs, two seeds each: example-level Poisson DP-SGD (δ 1e-5), user-level Poisson and
-    fixed-size DP-FedAvg (δ 1e-3); their guarantees do not name the relation: the ledger knows it."""
+    """DP runs, two seeds each: example-level Poisson DP-SGD (δ 1e-5), user-level Poisson and
+    fixed-size DP-FedAvg (δ 1e-3), client-side record-level DP-SGD (δ 1e-5); their guarantees do not name the relation: the ledger knows it."""
     spec = {
         "dpsgd": ("central", "example", GaussianSteps("poisson", 1.0, 5000, 64.0, 100, "example"), 1e-5),
         "poisson": ("federated", "user", GaussianSteps("poisson", 1.0, 300, 20.0, 50, "user"), 1e-3),
         "fixed": ("federated", "user", GaussianSteps("fixed", 1.0, 300, 20.0, 50, "user"), 1e-3),
+        "client": ("federated", "example (client-side)", GaussianSteps("poisson", 1.0, 5000, 64.0, 100, "example"), 1e-5),
     }
     runs, summaries, ledgers = [], {}, {}
     for group, (kind, unit, event, delta) in spec.items():
@@ -160,7 +161,8 @@ def test_the_csv_files_say_what_each_epsilon_protects(tmp_path):
             group = run.rsplit("-s", 1)[0]
             got = (table[run]["epsilon_unit"], table[run]["neighbouring"], table[run]["delta"])
             want = {"dpsgd": ("example", "add-or-remove-one", "1e-05"), "poisson": ("user", "add-or-remove-one", "0.001"),
-                    "fixed": ("user", "replace-one", "0.001"), "sgd": ("", "", "")}[group]
+                    "fixed": ("user", "replace-one", "0.001"), "sgd": ("", "", ""),
+                    "client": ("example (client-side)", "add-or-remove-one", "1e-05")}[group]  # a record inside a client: not dpsgd's promise
             assert got == want, (name, run, got)
     cells = {r["run"]: r for r in groups}
     assert "replace-one" in _cells(comparison_table_lines(groups), "fixed")["ε (δ)"]  # the ledger's relation reaches the ε cell
@@ -182,11 +184,12 @@ def test_the_utility_plot_never_puts_two_promises_on_one_axis():
     points = utility_points(comparison_rows(runs, summaries, {}, ledgers))
     fig = plots.utility_vs_epsilon_figure(points)
     labels = sorted(ax.get_xlabel() for ax in fig.axes)
-    assert labels == ["ε (example-level DP, add-or-remove-one, δ = 1e-05; log scale)", "ε (user-level DP, add-or-remove-one, δ = 0.001; log scale)",
-                      "ε (user-level DP, replace-one, δ = 0.001; log scale)"]
+    assert labels == ["ε (example-level DP, add-or-remove-one, δ = 1e-05; log scale)",
+                      "ε (record-level DP inside each client, add-or-remove-one, δ = 1e-05; log scale)",  # per example too, but not DP-SGD's promise
+                      "ε (user-level DP, add-or-remove-one, δ = 0.001; log scale)", "ε (user-level DP, replace-one, δ = 0.001; log scale)"]
     legend = [t.get_text() for t in fig.axes[-1].get_legend().get_texts()]
     assert legend == ["dpsgd (example-level DP, add-or-remove-one, δ = 1e-05)", "sgd", "poisson (user-level DP, add-or-remove-one, δ = 0.001)",
-                      "fixed (user-level DP, replace-one, δ = 0.001)"]
+                      "fixed (user-level DP, replace-one, δ = 0.001)", "client (record-level DP inside each client, add-or-remove-one, δ = 1e-05)"]
     for ax in fig.axes:  # each panel: its own promise's two seeds and the non-private run at the edge
         assert sum(len(c.get_offsets()) for c in ax.collections) == 3
     one = plots.utility_vs_epsilon_figure([p for p in points if p["group"] in ("poisson", "sgd")])
@@ -217,3 +220,18 @@ def test_a_row_states_each_seeds_population_when_the_seeds_differ():
     same = {n: {**s, "guarantee": "user-level, add-or-remove-one user"} for n, s in summaries.items()}
     (plain,) = group_rows(comparison_rows(runs, same), {})
     assert plain["assumptions"] == "user-level, add-or-remove-one user"  # one text for every seed: said once, as it was
+
+
+def test_an_exposure_contrast_says_how_many_canaries_of_each_side_are_at_the_ceiling():
+    """The means count ceiling canaries at log2 |R|: the contrast of two means says how many of
+    each side's were there (Markdown cell and contrasts.csv), and the RS contrast is unchanged."""
+    from fedpriv.report.tables import CONTRAST_COLUMNS, contrast_rows, contrast_table_lines
+
+    run_rows = [{"run": "sgd-s0", "group": "sgd", "seed": 0, "canaries": 3, "target_metric": "acc", "test_utility": 0.1},
+                {"run": "dp-s0", "group": "dp", "seed": 0, "canaries": 3, "target_metric": "acc", "test_utility": 0.1}]
+    canaries = {"sgd-s0": [_canary(0, 0), _canary(1, 0), _canary(2, 40)], "dp-s0": [_canary(i, 40) for i in range(3)]}  # beaten by no draw: at the ceiling
+    rows = contrast_rows([{"name": "c", "a": "sgd", "b": "dp"}], run_rows, canaries, [])
+    exposure = [r for r in rows if r["quantity"] == "exposure mean (bits)"]
+    assert [r["exposure_at_ceiling"] for r in exposure] == ["2/3 − 0/3"] and "exposure_at_ceiling" in CONTRAST_COLUMNS
+    assert all("exposure_at_ceiling" not in r for r in rows if r["quantity"] != "exposure mean (bits)")
+    assert any("exposure mean (bits) (at ceiling: 2/3 − 0/3)" in line for line in contrast_table_lines(rows))
