@@ -16,13 +16,14 @@ import hashlib
 import numbers
 import os
 import tempfile
+import unicodedata
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
 
-from fedpriv.data.examples import Example, Kind, TextExample, kind_of
+from fedpriv.data.examples import Example, Kind, TaggedExample, TextExample, kind_of
 from fedpriv.data.flat import FlatText
 from fedpriv.data.stores import (
     MappedStore,
@@ -54,9 +55,10 @@ class FederatedCorpus:
     # ---- construction -------------------------------------------------------------------
     @classmethod
     def from_dict(cls, users: Mapping[object, Sequence[Example]], name: str = "corpus") -> "FederatedCorpus":
-        """An in-memory corpus. A key is a user id as printed (``str``): two keys that print the
-        same (``1`` and ``"1"``) are refused, naming both, as the file loaders refuse them (one user
-        would silently take the other's place). Examples that hold nothing (a text empty or only
+        """An in-memory corpus. A key is read as the file loaders read an id
+        (:func:`normalized_user_id`: an integer printed, a string trimmed and in NFC form): two keys
+        that give one id (``1`` and ``"1"``, ``"ann"`` and ``"ann "``) are refused, naming both (one
+        user would silently take the other's place); a value that is no example is refused. Examples that hold nothing (a text empty or only
         whitespace, a tagged example without tokens) are skipped and counted in a note
         (:func:`note_skipped_empty`, as the file loaders do); users left with no example are
         dropped; an empty result is refused."""
@@ -64,7 +66,9 @@ class FederatedCorpus:
         kept: dict[str, list[Example]] = {}
         skipped = 0
         for key, exs in users.items():
-            uid = str(key)
+            uid = normalized_user_id(key if isinstance(key, (str, int)) else str(key))
+            if not uid:
+                raise FedprivError(f"{name}: the user key {key!r} is an empty id")
             if uid in keys:
                 raise FedprivError(
                     f"{name}: the user keys {keys[uid]!r} and {key!r} are both the user id {uid!r}: one user would take the "
@@ -72,6 +76,10 @@ class FederatedCorpus:
                 )
             keys[uid] = key
             exs = list(exs)
+            wrong = next((ex for ex in exs if not isinstance(ex, (TextExample, TaggedExample))), None)
+            if wrong is not None:
+                raise FedprivError(f"{name}: user {uid!r} holds {type(wrong).__name__} {str(wrong)[:40]!r}; examples are TextExample or TaggedExample "
+                                   "(fedpriv.data.examples), e.g. TextExample('some text')")
             keep = [ex for ex in exs if not is_empty_example(ex)]
             skipped += len(exs) - len(keep)
             if keep:
@@ -251,6 +259,12 @@ class FederatedCorpus:
         before = self.map_users(lambda exs: [e for e in check(exs) if e.timestamp < t], f"{self.name}[before]")
         after = self.map_users(lambda exs: [e for e in check(exs) if e.timestamp >= t], f"{self.name}[after]")
         return before, after
+
+
+def normalized_user_id(value: str | int) -> str:
+    """An id as a user: an integer printed, a string trimmed and in Unicode NFC form (every loader's
+    reading of an id, and :meth:`FederatedCorpus.from_dict`'s of a key)."""
+    return str(value) if isinstance(value, int) else unicodedata.normalize("NFC", value).strip()
 
 
 def _as_user_id(user_id: object) -> object:

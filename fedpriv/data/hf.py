@@ -77,7 +77,7 @@ def _folder_hint(path: Path) -> str:
         return (
             f"; it holds {texts} text file(s): a folder of per-user text files is not read as users; make it one JSON Lines "
             "table (a user_id and a text per line), or one text file with users=mapping:PATH naming each line's user "
-            "(docs/data.md, 'A folder of per-user text files')"
+            "(docs/data.md, 'Plain text files, and a folder of per-user text files')"
         )
     files = sum(n.lower().endswith(_FILE_SOURCES) for n in names)
     if files:

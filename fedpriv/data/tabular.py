@@ -73,7 +73,7 @@ from contextlib import contextmanager
 from datetime import date, datetime, timezone
 from pathlib import Path
 
-from fedpriv.data.corpus import FederatedCorpus, note_skipped_empty
+from fedpriv.data.corpus import FederatedCorpus, normalized_user_id, note_skipped_empty
 from fedpriv.data.examples import TAG, TAG_HELP, Example, Kind, TaggedExample, TextExample
 from fedpriv.data.tokenize import normalize, prose_sentences
 from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
@@ -167,11 +167,6 @@ def unsegmented(text: str) -> bool:
         return False
     chars = len(_NO_SPACE_CHAR.findall(text))
     return chars >= UNSEGMENTED_RUN and 2 * sum(map(len, _NO_SPACE_RUN.findall(text))) > chars
-
-
-def normalized_user_id(value: str | int) -> str:
-    """An id as a user: an integer printed, a string trimmed and in Unicode NFC form."""
-    return str(value) if isinstance(value, int) else unicodedata.normalize("NFC", value).strip()
 
 
 class RowError(Exception):

@@ -20,7 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedpriv.data.tabular import decoded_lines, is_placeholder_id, normalized_user_id
+from fedpriv.data.corpus import normalized_user_id
+from fedpriv.data.tabular import decoded_lines, is_placeholder_id
 from fedpriv.errors import DataFormatError, FedprivError, SourceError
 
 DEFAULT_BLOCK = 10
@@ -80,7 +81,7 @@ def fallback_blocks(unit: str) -> UsersRule:
 
 def named_user(raw: str) -> str:
     """A user id a file names (a mapping line, a CoNLL comment), as the tables read ids: a BOM
-    dropped, trimmed, in Unicode NFC form (:func:`fedpriv.data.tabular.normalized_user_id`)."""
+    dropped, trimmed, in Unicode NFC form (:func:`fedpriv.data.corpus.normalized_user_id`)."""
     return normalized_user_id(raw.replace("\ufeff", ""))
 
 

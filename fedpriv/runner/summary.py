@@ -86,7 +86,7 @@ def run_summary(
     if train and train[-1].get("epsilon") is not None:  # DP runs only; the ledger has the rest
         out.update({k: train[-1][k] for k in PRIVACY_KEYS[:5] if k in train[-1]})
     if train and train[-1].get("client_epsilon") is not None:  # client-side DP-SGD (record-level)
-        out.update({k: train[-1][k] for k in ("client_epsilon", "client_delta", "client_guarantee")})
+        out.update({k: train[-1][k] for k in PRIVACY_KEYS[5:]})
     metric, label = run.utility()
     out.update(utility_metric=metric, utility_label=label)
     test = [r for r in evals if r["split"] != VALIDATION]

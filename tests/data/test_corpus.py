@@ -343,6 +343,17 @@ def test_from_dict_refuses_two_keys_that_are_one_user_id_naming_both():
     users = {1: [TextExample("hello world")], "1": [TextExample("other person")], "u2": [TextExample("x")]}
     with pytest.raises(FedprivError, match=r"^mine: the user keys 1 and '1' are both the user id '1'"):
         FederatedCorpus.from_dict(users, name="mine")
+    # Read as the loaders read ids: trimmed and in NFC form ("e" + combining acute is "é").
+    with pytest.raises(FedprivError, match=r"the user keys 'ann' and 'ann ' are both the user id 'ann'"):
+        FederatedCorpus.from_dict({"ann": [TextExample("a")], "ann ": [TextExample("b")]})
+    with pytest.raises(FedprivError, match="are both the user id 'ren\u00e9'"):
+        FederatedCorpus.from_dict({"ren\u00e9": [TextExample("a")], "rene\u0301": [TextExample("b")]})
+    assert FederatedCorpus.from_dict({" Ann ": [TextExample("a")], "ann": [TextExample("b")]}).user_ids == ("Ann", "ann")  # case kept, as the loaders keep it
+
+
+def test_from_dict_refuses_values_that_are_no_examples_in_one_line():
+    with pytest.raises(FedprivError, match=r"^corpus: user 'a' holds str 'hello'; examples are TextExample or TaggedExample"):
+        FederatedCorpus.from_dict({"a": ["hello"]})
 
 
 def test_from_dict_skips_empty_examples_with_the_loaders_note(tmp_path):

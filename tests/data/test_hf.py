@@ -247,7 +247,7 @@ def test_a_folder_of_per_user_text_files_points_to_how_to_load_them(tmp_path):
     msg = str(e.value)
     assert msg.startswith(f"{folder}: not a dataset saved with save_to_disk") and "\n" not in msg
     assert "it holds 2 text file(s): a folder of per-user text files is not read as users" in msg
-    assert "users=mapping:PATH" in msg and "docs/data.md, 'A folder of per-user text files'" in msg
+    assert "users=mapping:PATH" in msg and "docs/data.md, 'Plain text files, and a folder of per-user text files'" in msg
     page = (Path(__file__).resolve().parents[2] / "docs" / "data.md").read_text()
     assert "## Plain text files, and a folder of per-user text files" in page  # the section it names
     other = tmp_path / "tables"
