@@ -196,6 +196,17 @@ def plot_utility_vs_epsilon(points: Sequence[Mapping[str, Any]], path: str | os.
     return _save(utility_vs_epsilon_figure(points), path)
 
 
+def epsilon_axis(ax: Any, lo: float, hi: float, edge: float, any_private: bool) -> None:
+    """A log epsilon axis from ``lo`` to ``hi`` with a "not private" column at ``edge`` (right of
+    every epsilon), a dashed line between them, and ticks only where epsilons are."""
+    ax.set_xscale("log")
+    ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
+    ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
+    ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if any_private else []
+    ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
+    ax.minorticks_off()
+
+
 def utility_vs_epsilon_figure(points: Sequence[Mapping[str, Any]]) -> Figure:
     """The figure of :func:`plot_utility_vs_epsilon`: one axes per promise, the legend right of the last."""
     styles = utility_point_styles(points)
@@ -215,12 +226,7 @@ def utility_vs_epsilon_figure(points: Sequence[Mapping[str, Any]]) -> Figure:
             private = promise(p) is not None
             ax.scatter([p["epsilon"] if private else edge], [100 * p["accuracy"]], marker=marker, s=40,
                        color=SERIES_COLORS[color % len(SERIES_COLORS)], label=label, zorder=3)
-        ax.set_xscale("log")
-        ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
-        ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
-        ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if eps else []
-        ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
-        ax.minorticks_off()
+        epsilon_axis(ax, lo, hi, edge, bool(eps))
         said = (promise_text(key) or "unit, relation and δ not recorded") if key else ""
         ax.set_xlabel(f"ε ({said}; log scale)" if key else "ε (no private run)", **({"fontsize": 9} if len(keys) > 1 else {}))
     axes[0].set_ylabel(f"{points[0].get('metric', 'held-out accuracy') if points else 'held-out accuracy'} (%)")
@@ -281,13 +287,8 @@ def plot_empirical_vs_theoretical(points: Sequence[Mapping[str, Any]], path: str
         private = p["epsilon"] is not None and p["epsilon"] > 0
         ax.scatter([p["epsilon"] if private else edge], [max(p["empirical"], bottom)], marker="o" if private else "x", s=40,
                    color=SERIES_COLORS[k % len(SERIES_COLORS)], label=f"{p['run']} (per {p['unit']})", zorder=3, clip_on=False)
-    ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlim(lo / 10 ** 0.5, edge * 10 ** 0.3)
-    ax.axvline(hi * 10 ** (0.5 * math.log10(edge / hi)), color="#888888", linestyle="--", linewidth=1)
-    ticks = [t for t in ax.get_xticks() if lo / 10 ** 0.5 <= t <= hi * 10 ** 0.25] if eps else []
-    ax.set_xticks([*ticks, edge], [f"{t:g}" for t in ticks] + ["not private"])
-    ax.minorticks_off()
+    epsilon_axis(ax, lo, hi, edge, bool(eps))
     ax.set_ylim(bottom, top)
     ax.set_xlabel("accountant's ε (upper bound; log scale)")
     ax.set_ylabel("empirical ε (95% lower bound; log scale)")
