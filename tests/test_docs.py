@@ -55,6 +55,10 @@ def test_custom_task_python_example_runs(plugin, capsys, monkeypatch):
     assert namespace["result"].final_eval["perplexity"] < 600
     assert "held-out perplexity of the unigram task" in capsys.readouterr().out
     assert (work / "runs" / "unigram-example" / "metrics.jsonl").is_file()
+    # Run again (a notebook cell re-run): the finished run resumes and gives the same result.
+    first = namespace["result"]
+    exec(compile(example, "docs/custom_tasks.md", "exec"), namespace)
+    assert namespace["result"].final_eval == first.final_eval and namespace["result"].history == first.history
 
 
 def test_custom_task_config_prepares_with_its_notes(plugin):
