@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import numbers
 import os
+import re
 import tempfile
 import unicodedata
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
@@ -92,6 +94,7 @@ class FederatedCorpus:
         kind = kinds.pop()
         corpus = cls(MemoryStore(kept, kind), name)
         note_skipped_empty(corpus, skipped, "examples", kind)
+        note_user_id_variants(corpus, kept, fold_hint="give each group one key if it is one person")
         return corpus
 
     @classmethod
@@ -265,6 +268,42 @@ def normalized_user_id(value: str | int) -> str:
     """An id as a user: an integer printed, a string trimmed and in Unicode NFC form (every loader's
     reading of an id, and :meth:`FederatedCorpus.from_dict`'s of a key)."""
     return str(value) if isinstance(value, int) else unicodedata.normalize("NFC", value).strip()
+
+
+_INVISIBLE_IN_ID = re.compile("[\u00ad\u200b-\u200f\u2060\ufeff]")
+
+
+def loose_user_id(uid: str) -> str:
+    """``uid`` with what a reader does not see as a difference removed: compatibility forms (NFKC:
+    full-width letters, no-break spaces), invisible characters, runs of whitespace."""
+    return " ".join(_INVISIBLE_IN_ID.sub("", unicodedata.normalize("NFKC", uid)).split())
+
+
+def note_user_id_variants(
+    corpus: FederatedCorpus, ids: Iterable[str], case_kept: bool = True, fold_hint: str = "user_id_case='fold' makes each group one user"
+) -> None:
+    """Say how many groups of ``ids`` (the corpus's distinct user ids) differ only in letter case
+    (when ``case_kept``: ids were not casefolded) or only in spacing, width or invisible characters:
+    they stay apart, so one person with k such ids is k users (counts only: the ids themselves are
+    the private users' names)."""
+    ids = list(ids)
+    if case_kept:
+        groups = [k for k in Counter(u.casefold() for u in ids).values() if k > 1]
+        if groups:
+            corpus.note(
+                f"{len(groups):,} groups of user ids of {corpus.name} ({sum(groups):,} ids) differ only in letter case; they are "
+                f"kept apart, so one person with k such ids counts as k users, and a per-user epsilon covers that person "
+                f"only as k users (group privacy); {fold_hint}",
+                user_ids_differing_in_case=sum(groups),
+            )
+    groups = [k for k in Counter(loose_user_id(u) for u in ids).values() if k > 1]
+    if groups:
+        corpus.note(
+            f"{len(groups):,} groups of user ids of {corpus.name} ({sum(groups):,} ids) differ only in spacing, character width or "
+            "invisible characters ('John Smith', 'John  Smith', 'Ｊｏｈｎ Smith'); they are kept apart, so one person with k such ids "
+            "counts as k users, and a per-user epsilon covers that person only as k users (group privacy)",
+            user_ids_differing_in_spacing=sum(groups),
+        )
 
 
 def _as_user_id(user_id: object) -> object:

@@ -73,7 +73,7 @@ from contextlib import contextmanager
 from datetime import date, datetime, timezone
 from pathlib import Path
 
-from fedpriv.data.corpus import FederatedCorpus, normalized_user_id, note_skipped_empty
+from fedpriv.data.corpus import FederatedCorpus, normalized_user_id, note_skipped_empty, note_user_id_variants
 from fedpriv.data.examples import TAG, TAG_HELP, Example, Kind, TaggedExample, TextExample
 from fedpriv.data.tokenize import normalize, prose_sentences
 from fedpriv.errors import DataFormatError, EmptyCorpusError, FedprivError, SourceError
@@ -122,7 +122,6 @@ _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
 #: Seconds in the first year of the Unix epoch: a numeric timestamp below it is 1970.
 _EPOCH_FIRST_YEAR = 365 * 86400.0
 #: Characters that show nothing in an id: zero-width space, (non-)joiners, direction marks, word joiner, BOM, soft hyphen.
-_INVISIBLE_IN_ID = re.compile("[\u00ad\u200b-\u200f\u2060\ufeff]")
 #: Epoch seconds of 3000-01-01: a larger timestamp is milliseconds (or finer) since the epoch.
 _MAX_EPOCH_SECONDS = 32503680000.0
 #: Scripts written without spaces between words: Han (Chinese characters, kanji), Hiragana,
@@ -510,12 +509,6 @@ def note_unsegmented(corpus: FederatedCorpus, count: int) -> None:
         )
 
 
-def loose_user_id(uid: str) -> str:
-    """``uid`` with what a reader does not see as a difference removed: compatibility forms (NFKC:
-    full-width letters, no-break spaces), invisible characters, runs of whitespace."""
-    return " ".join(_INVISIBLE_IN_ID.sub("", unicodedata.normalize("NFKC", uid)).split())
-
-
 def note_user_ids(corpus: FederatedCorpus, conv: RowConverter) -> None:
     """Say how many rows' ids were trimmed or put in NFC form, and how many ids differ only in
     letter case, or only in spacing, width or invisible characters (counts only: the ids themselves
@@ -526,25 +519,7 @@ def note_user_ids(corpus: FederatedCorpus, conv: RowConverter) -> None:
             "form than NFC: trimmed and put in NFC, so ids that differ only so are one user",
             normalized_user_ids=conv.normalized_ids,
         )
-    if conv.user_id_case == "keep":
-        folded = Counter(u.casefold() for seen in conv._first_seen.values() for u in seen)
-        groups = [k for k in folded.values() if k > 1]
-        if groups:
-            corpus.note(
-                f"{len(groups):,} groups of user ids of {corpus.name} ({sum(groups):,} ids) differ only in letter case; they are "
-                f"kept apart, so one person with k such ids counts as k users, and a per-user epsilon covers that person "
-                "only as k users (group privacy); user_id_case='fold' makes each group one user",
-                user_ids_differing_in_case=sum(groups),
-            )
-    loose = Counter(loose_user_id(u) for seen in conv._first_seen.values() for u in seen)
-    groups = [k for k in loose.values() if k > 1]
-    if groups:
-        corpus.note(
-            f"{len(groups):,} groups of user ids of {corpus.name} ({sum(groups):,} ids) differ only in spacing, character width or "
-            "invisible characters ('John Smith', 'John  Smith', 'Ｊｏｈｎ Smith'); they are kept apart, so one person with k such ids "
-            "counts as k users, and a per-user epsilon covers that person only as k users (group privacy)",
-            user_ids_differing_in_spacing=sum(groups),
-        )
+    note_user_id_variants(corpus, (u for seen in conv._first_seen.values() for u in seen), conv.user_id_case == "keep")
 
 
 def note_sentences(corpus: FederatedCorpus, conv: RowConverter) -> None:

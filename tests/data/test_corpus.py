@@ -351,6 +351,23 @@ def test_from_dict_refuses_two_keys_that_are_one_user_id_naming_both():
     assert FederatedCorpus.from_dict({" Ann ": [TextExample("a")], "ann": [TextExample("b")]}).user_ids == ("Ann", "ann")  # case kept, as the loaders keep it
 
 
+def test_from_dict_notes_ids_that_differ_only_in_case_or_spacing_as_the_loaders_do():
+    """Kept apart, so one person with two such keys is two users (group privacy): said in the
+    loaders' note, with the counts only, and a remedy that applies to a dict."""
+    c = FederatedCorpus.from_dict({"Ann": [TextExample("a")], "ann": [TextExample("b")], "ANN": [TextExample("c")],
+                                   "John Smith": [TextExample("d")], "John  Smith": [TextExample("e")], "bob": [TextExample("f")]}, name="mine")
+    assert c.num_users == 6
+    assert c.notes == [
+        "1 groups of user ids of mine (3 ids) differ only in letter case; they are kept apart, so one person with k such ids counts "
+        "as k users, and a per-user epsilon covers that person only as k users (group privacy); give each group one key if it is one person",
+        "1 groups of user ids of mine (2 ids) differ only in spacing, character width or invisible characters ('John Smith', "
+        "'John  Smith', 'Ｊｏｈｎ Smith'); they are kept apart, so one person with k such ids counts as k users, and a per-user "
+        "epsilon covers that person only as k users (group privacy)",
+    ]
+    assert c.info["user_ids_differing_in_case"] == 3 and c.info["user_ids_differing_in_spacing"] == 2
+    assert FederatedCorpus.from_dict({"ann": [TextExample("a")], "bob": [TextExample("b")]}).notes == []
+
+
 def test_from_dict_refuses_values_that_are_no_examples_in_one_line():
     with pytest.raises(FedprivError, match=r"^corpus: user 'a' holds str 'hello'; examples are TextExample or TaggedExample"):
         FederatedCorpus.from_dict({"a": ["hello"]})
