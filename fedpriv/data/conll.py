@@ -44,7 +44,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.data.corpus import FederatedCorpus, note_user_id_variants
 from fedpriv.data.examples import TAG as _TAG
 from fedpriv.data.examples import TAG_HELP, TaggedExample
 from fedpriv.data.tabular import decode_line
@@ -405,6 +405,7 @@ def load_conll(
         notes.append(f"{path.name}:{layout.header_line} read as a header line and skipped")
     for message in notes:
         corpus.note(message)
+    note_user_id_variants(corpus, corpus.user_ids, fold_hint="give each group one id in the file if it is one person")
     corpus.info.update(sentences=count, comment_lines=read.comments, documents=len(docs) if read.marks_documents else 0)
     if read.skipped_tokens:
         corpus.info["skipped_multiword_or_empty_nodes"] = read.skipped_tokens

@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.data.corpus import FederatedCorpus, note_user_id_variants
 from fedpriv.data.examples import TextExample
 from fedpriv.data.tabular import decoded_lines
 from fedpriv.data.tokenize import normalize
@@ -104,6 +104,7 @@ def load_text(
         raise EmptyCorpusError(f"{path}: no examples (every line normalizes to nothing)") from None
     for message in notes:
         corpus.note(message)
+    note_user_id_variants(corpus, corpus.user_ids, fold_hint="give each group one id in the mapping if it is one person")
     corpus.info["lines"] = count
     if skipped:
         corpus.note(f"{skipped} lines of {path.name} normalize to nothing and were skipped", skipped_empty=skipped)

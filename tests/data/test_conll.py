@@ -122,8 +122,15 @@ def test_explicit_columns_and_comment_users(tmp_path):
     c = load_conll(p, users="comment:author")
     assert {u: len(c.examples(u)) for u in c.user_ids} == {"alice": 2, "bob": 1}
     assert c.examples("alice")[0].tokens == ("hi", "Bob") and c.examples("alice")[0].tags == ("O", "B-PER")
+    assert not any("differ only" in n for n in c.notes)
     by_post = load_conll(p, users="comment:post")
     assert by_post.num_users == 3
+    spaced = tmp_path / "spaced.tsv"  # 'bob' and 'Bob' and 'Bob ' (trimmed: one id), 'Ｂｏｂ' (full width): said, kept apart
+    spaced.write_text("# author = bob\nhi\tO\n\n# author = Bob\nho\tO\n\n# author = Bob \nhu\tO\n\n# author = Ｂｏｂ\nha\tO\n")
+    v = load_conll(spaced, users="comment:author")
+    assert sorted(v.user_ids) == sorted(["Bob", "bob", "Ｂｏｂ"])
+    assert v.info["user_ids_differing_in_case"] == 2 and v.info["user_ids_differing_in_spacing"] == 2
+    assert sum("give each group one id in the file if it is one person" in n for n in v.notes) == 1
     same = load_conll(p, users="comment:author", token_column=0, tag_column=-1)
     assert list(same.records()) == list(c.records())
     tags_as_tokens = load_conll(p, users="comment:author", token_column=2, tag_column=2)

@@ -46,6 +46,12 @@ def test_blocks_clients_and_mapping(tmp_path):
     mapped = load_text(p, users=f"mapping:{m}")
     assert {u: len(mapped.examples(u)) for u in mapped.user_ids} == {"ann": 15, "bob": 8}
     assert not mapped.notes
+    m.write_text("".join(("ann" if i % 3 else "Ann") + "\n" for i in range(23)))  # one person, two spellings?
+    variants = load_text(p, users=f"mapping:{m}")
+    assert variants.num_users == 2 and variants.info["user_ids_differing_in_case"] == 2
+    assert variants.notes == ["1 groups of user ids of text:lines.text[mapping:" + str(m) + "] (2 ids) differ only in letter case; "
+                              "they are kept apart, so one person with k such ids counts as k users, and a per-user epsilon covers "
+                              "that person only as k users (group privacy); give each group one id in the mapping if it is one person"]
     m.write_text("ann\n")
     with pytest.raises(DataFormatError, match="has 1 user ids but .* has 23 non-blank lines"):
         load_text(p, users=f"mapping:{m}")
