@@ -853,6 +853,11 @@ def check_kind(cfg: ExperimentConfig, kind: str, origin: str = "config") -> None
         t = cfg.training
         if (t.steps is None) == (t.epochs is None):
             raise ConfigError(f"{origin}: training: a central run needs steps or epochs (one of them)")
+        f = cfg.federated
+        if cfg.privacy is None and f is not None and (f.dp is not None or f.client_dp is not None):
+            table = "[federated.dp]" if f.dp is not None else "[federated.client_dp]"
+            raise ConfigError(f"{origin}: the config's privacy is {table}, which central training does not read: it would train without DP; "
+                              "add [privacy] for central DP-SGD, or train it as a federated run")
     elif kind == "federated":
         if cfg.federated is None:
             raise ConfigError(f"{origin}: no [federated] section (see experiments/fedavg-shakespeare.toml)")

@@ -75,3 +75,29 @@ def test_pld_accounting_of_fixed_size_dp_sgd_batches_is_refused():
     with pytest.raises(ValueError, match="accountant = 'pld' does not cover sampling = 'fixed'"):
         PrivacyConfig(clip_norm=1.0, noise_multiplier=1.0, delta=1e-5, sampling="fixed", accountant="pld")
     assert PrivacyConfig(clip_norm=1.0, noise_multiplier=1.0, delta=1e-5, sampling="poisson", accountant="pld").accountant == "pld"
+
+
+def test_train_central_refuses_a_config_whose_privacy_is_federated(tmp_path, capsys):
+    """`fedpriv train central` on a DP-FedAvg config used to train plain SGD and exit 0: central
+    training does not read [federated.dp]. Refused before any data is read, nothing written."""
+    from fedpriv.cli import main
+    from fedpriv.config import check_kind
+
+    raw = {
+        "name": "x", "data": {"source": "shakespeare"}, "vocab": {"size": 200}, "task": {"kind": "nwp", "model": "tiny"},
+        "training": {"batch_size": 8, "steps": 2},
+        "federated": {"strategy": "dp-fedavg", "rounds": 2, "clients_per_round": 4, "clip_norm": 0.5, "dp": {"noise_multiplier": 1.0, "delta": 1e-3}},
+    }
+    with pytest.raises(ConfigError, match=r"privacy is \[federated.dp\], which central training does not read: it would train without DP"):
+        check_kind(validate_config(raw), "central")
+    check_kind(validate_config(raw), "federated")
+    check_kind(validate_config({**raw, "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5}}), "central")  # its own DP-SGD keys
+    check_kind(validate_config({**raw, "federated": {"rounds": 2, "clients_per_round": 4}}), "central")  # plain FedAvg keys: nothing lost
+    cfg = tmp_path / "dpfed.toml"
+    cfg.write_text(
+        'name = "x"\n[data]\nsource = "shakespeare"\n[vocab]\nsize = 200\n[task]\nkind = "nwp"\nmodel = "tiny"\n[training]\nbatch_size = 8\nsteps = 2\n'
+        '[federated]\nstrategy = "dp-fedavg"\nrounds = 2\nclients_per_round = 4\nclip_norm = 0.5\n[federated.dp]\nnoise_multiplier = 1.0\ndelta = 1e-3\n'
+    )
+    assert main(["train", "central", str(cfg), "--out", str(tmp_path / "run")]) == 2
+    assert "which central training does not read" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()

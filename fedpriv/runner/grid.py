@@ -240,6 +240,12 @@ def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
                 raise ConfigError(f"{origin}: runs[{i}]: {problem}")
             if kind not in ("central", "federated"):
                 raise ConfigError(f"{where}: kind must be 'central' or 'federated', got {kind!r}")
+            if kind == "central" and "federated" in run:
+                raise ConfigError(f"{where}: a central run takes no federated table (central training would ignore it); "
+                                  "make it kind = 'federated', or give central DP-SGD its keys in privacy")
+            if kind == "federated" and "privacy" in run:
+                raise ConfigError(f"{where}: a federated run takes no privacy table (federated training would ignore it and train "
+                                  "without DP); DP-FedAvg's keys go in federated.dp with strategy = 'dp-fedavg'")
             merged = copy.deepcopy(base)
             for section in SECTIONS:
                 if section in run:

@@ -89,6 +89,20 @@ def test_a_federated_run_needs_a_federated_section():
         expand_experiment({**raw, "runs": [{"name": "f", "kind": "federated"}]})
 
 
+def test_a_run_level_table_of_the_other_kind_is_refused_not_dropped():
+    """A federated run's own privacy table (or a central run's own federated table) used to be
+    dropped without a word: the 'private' run trained as plain FedAvg and exited 0."""
+    with pytest.raises(ConfigError, match="run 'fed-dp': a federated run takes no privacy table .* federated.dp with strategy = 'dp-fedavg'"):
+        expand_experiment({**BASE, "runs": [{"name": "fed-dp", "kind": "federated", "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-6}}]})
+    with pytest.raises(ConfigError, match="run 'sgd': a central run takes no federated table"):
+        expand_experiment({**BASE, "runs": [{"name": "sgd", "kind": "central", "federated": {"strategy": "dp-fedavg"}}]})
+    # the experiment-level tables are shared by design: each run kind reads its own
+    specs = expand_experiment({**BASE, "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5},
+                               "runs": [{"name": "sgd", "kind": "central"}, {"name": "fed", "kind": "federated"}]})
+    assert specs[0].config.privacy is not None and specs[0].config.federated is None
+    assert specs[1].config.privacy is None and specs[1].config.federated is not None
+
+
 def test_shipped_experiments_expand():
     name, specs = load_experiment("experiments/demo.toml")
     assert name == "demo" and len(specs) == 16 and {s.seed for s in specs} == {0, 1} and len({s.group for s in specs}) == 8
