@@ -19,6 +19,12 @@ changes up to k training examples when one raw example is added or removed.
 >>> eps, delta = group_privacy(0.5, 1e-6, 2)
 >>> eps, round(delta / 1e-6, 6)
 (1.0, 2.648721)
+
+A large epsilon or group gives delta_k >= 1, which says nothing (:func:`vacuous`); past a float's
+range it is inf:
+
+>>> group_privacy(1000.0, 1e-5, 3)
+(3000.0, inf)
 """
 
 from __future__ import annotations
@@ -35,11 +41,14 @@ def group_privacy(epsilon: float, delta: float, k: int) -> tuple[float, float]:
         raise PrivacyParameterError(f"group size must be an integer >= 1, got {k!r}")
     if not (math.isfinite(epsilon) and epsilon >= 0) or not (0 <= delta <= 1):
         raise PrivacyParameterError(f"group privacy needs epsilon >= 0 and 0 <= delta <= 1, got ({epsilon}, {delta})")
-    return k * epsilon, delta * math.fsum(math.exp(i * epsilon) for i in range(k))
+    if delta == 0.0:
+        return k * epsilon, 0.0
+    try:
+        return k * epsilon, delta * math.fsum(math.exp(i * epsilon) for i in range(k))
+    except OverflowError:  # e^(i epsilon) beyond a float: delta_k is far above 1
+        return k * epsilon, math.inf
 
 
-def group_text(epsilon: float, delta: float, k: int, one: str, group: str) -> str:
-    """The conversion in words and numbers, e.g. for a statement next to a guarantee."""
-    ek, dk = group_privacy(epsilon, delta, k)
-    return (f"({epsilon:.4g}, {delta:.3g})-DP per {one} gives ({ek:.4g}, {dk:.3g})-DP per {group} of at most {k} {one}s "
-            f"(group privacy: k*epsilon, delta*sum_(i<k) e^(i*epsilon); Vadhan 2017, Lemma 2.2)")
+def vacuous(delta: float) -> bool:
+    """Whether a delta says nothing (>= 1: every event may have any probability)."""
+    return not delta < 1.0

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedpriv.privacy.group import group_privacy
+from fedpriv.privacy.group import group_privacy, vacuous
 from fedpriv.report.intervals import interval
 
 NOT_USED, NOT_PRIVATE, NOT_COMPOSED = "not used", "not private", "not composed"
@@ -158,6 +158,9 @@ def across_units(on: Sequence[Stage]) -> str:
         per_user = [group_privacy(st.epsilon, st.delta, k) for st in examples]
         eps = sum(e for e, _ in per_user) + sum(st.epsilon for st in users)
         delta = sum(d for _, d in per_user) + sum(st.delta for st in users)
+        if vacuous(delta):
+            return out + (f"; no per-user figure: per user of at most k = {k} examples, group privacy (Vadhan 2017, Lemma 2.2) "
+                          "gives a delta of 1 or more, which bounds nothing")
         conv = ", ".join(f"{st.what} ({st.run}) ({st.epsilon:.4g}, {st.delta:.3g}) per example -> ({e:.4g}, {d:.3g}) per user"
                          for st, (e, d) in zip(examples, per_user))
         out += (f"; per user of at most k = {k} examples (data.max_examples_per_user), group privacy (k·ε, δ·Σ_(i<k) e^(i·ε); "

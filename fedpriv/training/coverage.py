@@ -30,7 +30,7 @@ from typing import Any
 
 from fedpriv.config import DataConfig, ExperimentConfig
 from fedpriv.errors import FedprivError
-from fedpriv.privacy.group import group_privacy
+from fedpriv.privacy.group import group_privacy, vacuous
 from fedpriv.rundir import RunDir
 
 #: The statement a run that logs private statistics carries (``training.log_private_stats``).
@@ -122,8 +122,13 @@ class Coverage:
                 text += f"; no raw-data figure is given: {self.no_raw_figure}"
             elif epsilon is not None and delta is not None:
                 ek, dk = group_privacy(epsilon, delta, self.group_size)
-                text += (f"; on the raw data, adding or removing one example changes up to {self.group_size} training examples, so by group "
-                         f"privacy (Vadhan 2017, Lemma 2.2) epsilon = {ek:.4g} at delta = {dk:.3g}")
+                if vacuous(dk):
+                    text += (f"; no raw-data figure is given: adding or removing one example changes up to {self.group_size} training examples, "
+                             f"and group privacy (Vadhan 2017, Lemma 2.2) over {self.group_size} gives a delta of 1 or more at this epsilon, "
+                             "which bounds nothing")
+                else:
+                    text += (f"; on the raw data, adding or removing one example changes up to {self.group_size} training examples, so by group "
+                             f"privacy (Vadhan 2017, Lemma 2.2) epsilon = {ek:.4g} at delta = {dk:.3g}")
             parts.append(text)
         return "; ".join(parts)
 

@@ -59,6 +59,18 @@ def test_a_replace_one_example_stage_is_not_read_per_user():
     assert "per user of at most k = 4" in across_units([dataclasses.replace(fixed, composable=True), user])  # the same stage, add-or-remove-one
 
 
+def test_a_per_user_figure_with_delta_of_one_or_more_is_not_printed():
+    """Group privacy over k = 100 examples at epsilon 0.5 per example gives delta far above 1:
+    said, not printed as a figure."""
+    from fedpriv.report.chain import Stage, across_units
+
+    ex = Stage("a", "nwp", "shakespeare", 0.5, 1e-6, "example-level", True, "example")
+    user = Stage("b", "nwp", "shakespeare", 3.0, 1e-6, "user-level", False, "user", 100)
+    why = across_units([ex, user])
+    assert "no per-user figure: per user of at most k = 100 examples" in why and "a delta of 1 or more" in why and "-> (" not in why
+    assert "-> (" in across_units([ex, dataclasses.replace(user, examples_per_user=4)])  # a small group: the figure
+
+
 def test_group_privacy_matches_the_chain_argument_and_vadhans_bound():
     for eps, delta, k in [(0.3, 1e-7, 2), (1.0, 1e-5, 8), (2.5, 1e-9, 3)]:
         ek, dk = group_privacy(eps, delta, k)

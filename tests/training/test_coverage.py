@@ -63,6 +63,32 @@ def test_the_guarantee_states_the_filtered_data_and_the_raw_data_figure():
     assert Coverage((), 1, "").statement(eps, delta) == ""
 
 
+@pytest.mark.parametrize("eps", [10.0, 23.3, 1e6])
+def test_a_raw_data_figure_with_delta_of_one_or_more_is_not_printed(eps):
+    """With a large epsilon, group privacy over k examples gives delta_k >= 1 (z = 0.3 printed
+    'epsilon = 23.3 at delta = 1.15'), or overflows a float (target_epsilon = 1e6 ended in an
+    internal OverflowError after step 1): no figure, and why."""
+    from fedpriv.privacy.group import group_privacy, vacuous
+
+    k = 8
+    ek, dk = group_privacy(eps, 1e-5, k)
+    assert ek == k * eps and vacuous(dk)
+    text = Coverage((), k, "data.max_examples_per_user = 8 keeps each user's first 8").statement(eps, 1e-5)
+    assert "no raw-data figure is given" in text and "a delta of 1 or more" in text and "at delta =" not in text
+    ek, dk = group_privacy(1.0, 1e-5, k)  # below it, the figure: (k eps, delta sum_(i<k) e^(i eps)), exact
+    assert not vacuous(dk) and dk == pytest.approx(1e-5 * (math.exp(8.0) - 1) / (math.exp(1.0) - 1), rel=1e-12)
+    assert f"epsilon = 8 at delta = {dk:.3g}" in Coverage((), k, "x").statement(1.0, 1e-5)
+    assert group_privacy(3.0, 0.0, 400) == (1200.0, 0.0)  # pure DP stays pure, whatever e^(k eps)
+
+
+def test_group_privacy_doctest():
+    import doctest
+
+    from fedpriv.privacy import group
+
+    assert doctest.testmod(group).failed == 0
+
+
 def test_a_correlated_noise_run_gives_no_raw_data_figure():
     """Group privacy over the filters assumes the sampling is symmetric in record order; the cyclic schedule
     of a correlated-noise mechanism is by record index (and by N), so its guarantee gives no raw-data figure."""
