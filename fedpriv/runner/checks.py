@@ -55,6 +55,7 @@ def check_prepared(prepared: Prepared, kind: str) -> list[str]:
     delta of at least 1/N of the privacy unit included unless ``prepared.allow_large_delta``;
     return warnings (e.g. what such an allowed delta means)."""
     cfg = prepared.config
+    prepared.target_metric()  # a [utility] metric the task cannot train to (loss, a typo) is refused here, not at the first evaluation
     records = len(prepared.train_arrays["mask"])
     counts = prepared.train.counts()
     users = len(counts)

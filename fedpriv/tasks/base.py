@@ -47,6 +47,9 @@ class Task(ABC):
 
     name: str = "task"
     utility: tuple[str, str] = ("accuracy", "accuracy")
+    #: The metrics a ``[utility]`` target may be set on: fractions in [0, 1], higher is better
+    #: (never loss or perplexity, nor a count); empty: the headline ``utility`` only.
+    target_metrics: tuple[str, ...] = ()
     #: What :meth:`encode` keeps of an example, for the log (e.g. ``"vocab.seq_len = 20 words"``);
     #: None for a task that keeps every word.
     length_limit: str | None = None

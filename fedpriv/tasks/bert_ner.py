@@ -50,6 +50,7 @@ class BertNERTask(UserSide, Task):
 
     name = "bert_ner"
     utility = ("f1", "entity F1")
+    target_metrics = ("f1", "precision", "recall", "accuracy")
 
     def __init__(
         self,

@@ -103,6 +103,7 @@ class TokenVocab:
 class NERTask(Task):
     name = "ner"
     utility = ("f1", "entity F1")
+    target_metrics = ("f1", "precision", "recall", "accuracy")
 
     def __init__(
         self,

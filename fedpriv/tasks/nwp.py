@@ -30,6 +30,7 @@ from fedpriv.vocab.word import WordVocab
 class NWPTask(Task):
     name = "nwp"
     utility = ("accuracy_no_oov_no_eos", "next-token accuracy without OOV and EOS")
+    target_metrics = ("accuracy_no_oov_no_eos", "accuracy_no_oov", "accuracy")
 
     def __init__(self, vocab: WordVocab, seq_len: int = 20, model: str | NWPConfig = "small"):
         self.vocab = vocab

@@ -13,6 +13,7 @@ from typing import Any
 
 from fedpriv.config import ExperimentConfig
 from fedpriv.data.corpus import FederatedCorpus
+from fedpriv.errors import ConfigError
 from fedpriv.memorization.canaries import Manifest
 from fedpriv.memorization.empirical import AuditCanaries
 from fedpriv.rundir import DATA, PRIVATIZE, RunDir
@@ -71,14 +72,27 @@ class Prepared:
             return self.task.init_params(init_key(seed))
         return load_warm_start(init.from_, self.task, self.config.task.kind, self.config.task.model)
 
-    def target(self) -> Target | None:
-        """The experiment's utility target (``[utility]``) on the task's headline metric, or None."""
+    def target_metric(self) -> str | None:
+        """The metric of the ``[utility]`` target (default: the task's headline utility), or None
+        without a target. ConfigError for a metric the task does not offer as a target: the stop
+        rule is 'metric >= target', so only fractions where higher is better qualify."""
         u = self.config.utility
         if u is None:
             return None
         metric = u.metric or self.task.utility[0]
-        value = utility_target(u, metric, self.config.data.train_on)
-        return None if value is None else Target(u.split, metric, value)
+        allowed = self.task.target_metrics or (self.task.utility[0],)
+        if metric not in allowed:
+            raise ConfigError(f"utility.metric = {metric!r} is not a utility the {self.task.name} task can train to (a fraction where higher is "
+                              f"better, reached when metric >= target); choose one of {', '.join(allowed)}")
+        return metric
+
+    def target(self) -> Target | None:
+        """The experiment's utility target (``[utility]``) on the task's headline metric, or None."""
+        metric = self.target_metric()
+        if metric is None:
+            return None
+        value = utility_target(self.config.utility, metric, self.config.data.train_on)
+        return None if value is None else Target(self.config.utility.split, metric, value)
 
     def summary(self) -> dict[str, Any]:
         """The data's facts: experiment, task, source, users and examples per split, vocabulary."""
