@@ -137,7 +137,7 @@ class CyclicPoissonSchedule:
         cli = key == "--"
         name = (lambda k: f"--{k.replace('_', '-')}") if cli else (lambda k: f"{key}.{k}")
         refuse_bands_above_groups(bands, self.groups, self.unit, name("bands"), name("groups"))
-        if min_separation is not None and self.groups < min_separation:
+        if min_separation is not None and self.groups < min_separation and self.max_participations > 1:  # once each: any separation holds
             _fail(f"{name('min_separation')} = {min_separation}: {name('groups')} = {self.groups} lets one {self.unit} take part again after "
                   f"{self.groups} steps; use {name('groups')} >= {min_separation}")
         k = self.max_participations

@@ -107,11 +107,11 @@ class CyclicSchedule:
     def check(self, key: str, max_participations: int | None, min_separation: int | None) -> None:
         """Refuse (one line, naming ``key``) a schedule that breaks the participation the config
         states: a unit taking part more than ``max_participations`` times, or groups fewer than
-        ``min_separation`` (a unit would come back within fewer steps). ``key`` "--": the CLI's
+        ``min_separation`` when some unit takes part twice (it would come back within fewer steps). ``key`` "--": the CLI's
         options ``--max-participations`` and ``--min-separation``."""
         b, k = self.groups, self.max_participations
         sep, most = ("--min-separation", "--max-participations") if key == "--" else (f"{key}.min_separation", f"{key}.max_participations")
-        if min_separation is not None and b < min_separation:
+        if min_separation is not None and b < min_separation and k > 1:  # k = 1: nobody comes back, any separation holds
             _fail(
                 f"{sep} = {min_separation}: {self.population} {self.unit}s in cohorts of {self.cohort} make only "
                 f"{b} groups, so a {self.unit} would take part again after {b} steps; use a cohort of at most {self.population // min_separation}"

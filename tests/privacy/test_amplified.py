@@ -131,6 +131,9 @@ def test_a_schedule_that_breaks_the_participation_is_refused():
     with pytest.raises(PrivacyParameterError, match=r"^--max-participations = 9: 40 steps over b = 4 groups let one user take part up to 10 times"):
         s.check("--", 4, 9, None)
     s.check("privacy", 4, 10, 4)  # the participation it keeps
+    once = CyclicPoissonSchedule(1000, 10, 4, 4, 0)  # 4 steps over 4 groups: each user at most once, any separation holds
+    assert once.max_participations == 1
+    once.check("privacy", 4, 1, 50)
     with pytest.raises(PrivacyParameterError, match="needs N // b >= 300"):
         CyclicPoissonSchedule(1000, 300, 4, 40, 0)
     with pytest.raises(PrivacyParameterError, match="infinitely many bands"):

@@ -141,6 +141,11 @@ def test_schedule_that_breaks_the_stated_participation_is_refused():
         sched.check("federated.dp", 2, None)
     with pytest.raises(PrivacyParameterError, match=r"federated.dp.min_separation = 50: .* only 48 groups"):
         sched.check("federated.dp", None, 50)
+    short = CyclicSchedule(48_700, 1000, 48, seed=0)  # 48 steps over 48 groups: each user at most once, so any separation holds
+    assert short.max_participations == 1
+    short.check("federated.dp", 1, 50)
+    with pytest.raises(PrivacyParameterError, match=r"min_separation = 50: .* only 48 groups"):
+        CyclicSchedule(48_700, 1000, 49, seed=0).check("federated.dp", None, 50)  # one step more: group 0 comes back at step 48
     with pytest.raises(PrivacyParameterError, match="needs at least that many"):
         CyclicSchedule(10, 11, 5, seed=0)
 
