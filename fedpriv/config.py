@@ -785,6 +785,15 @@ class ExperimentConfig(_Strict):
         return self
 
     @model_validator(mode="after")
+    def _order_of_dp_sgd(self) -> "ExperimentConfig":
+        """DP-SGD samples its batches (Poisson, or fixed size without replacement): it never visits
+        records in training.order, so a non-IID order would be ignored yet labelled in the report."""
+        if self.privacy is not None and self.training.order != "iid":
+            raise ValueError(f"training.order = {self.training.order!r} does not apply to DP-SGD ([privacy]): its batches are sampled "
+                             f"(privacy.sampling), not read in order; drop training.order")
+        return self
+
+    @model_validator(mode="after")
     def _validation_users(self) -> "ExperimentConfig":
         if self.utility is not None and self.data.validation_fraction == 0.0:
             raise ValueError("[utility] measures the target on validation users: set data.validation_fraction (e.g. 0.1)")

@@ -28,6 +28,9 @@ def test_defaults():
         ({"name": "x", "seed": 1.5}, r"seed: Input should be a valid integer"),
         ({"name": "x", "trainig": {}}, r"trainig: unknown key"),
         ({"name": "x", "training": {"order": "random"}}, r"training\.order: Input should be .iid. or .noniid."),
+        # DP-SGD samples its batches: a non-IID order was ignored (same parameters) yet labelled 'non-IID' in the report
+        ({"name": "x", "training": {"order": "noniid"}, "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5}},
+         r"training\.order = 'noniid' does not apply to DP-SGD \(\[privacy\]\): its batches are sampled"),
         ({"name": "x", "training": {"learning_rate": 0}}, r"training\.learning_rate: Input should be greater than 0"),
         ({}, r"name: Field required"),
     ],

@@ -30,12 +30,12 @@ def test_grid_expansion_and_merging():
         **BASE,
         "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5},
         "runs": [
-            {"name": "sgd-{order}-{batch_size}", "kind": "central", "grid": {"training.order": ["iid", "noniid"], "training.batch_size": [8, 16]}},
+            {"name": "sgd-{optimizer}-{batch_size}", "kind": "central", "grid": {"training.optimizer": ["sgd", "adam"], "training.batch_size": [8, 16]}},
             {"name": "fedavg", "kind": "federated", "users": "iid", "federated": {"clients_per_round": 7}, "grid": {"federated.rounds": [3, 5]}},
         ],
     }
     specs = expand_experiment(raw)
-    assert [s.name for s in specs] == ["sgd-iid-8", "sgd-iid-16", "sgd-noniid-8", "sgd-noniid-16", "fedavg-3", "fedavg-5"]
+    assert [s.name for s in specs] == ["sgd-sgd-8", "sgd-sgd-16", "sgd-adam-8", "sgd-adam-16", "fedavg-3", "fedavg-5"]
     central, fed = specs[1], specs[5]
     assert central.kind == "central" and central.config.training.batch_size == 16 and central.config.training.steps == 10
     assert central.config.federated is None and central.config.privacy.clip_norm == 1.0  # the experiment's [privacy]
