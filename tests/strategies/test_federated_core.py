@@ -355,5 +355,7 @@ def test_each_strategy_is_a_composition_of_aggregators():
     assert type(clip) is ClippedMean and clip.initial_clip == 0.5 and clip.denominator == 4.0
     dp = ServerCore(fcfg(strategy="dp-fedavg", clip_norm=0.5, noise_multiplier=1.2, delta=1e-5), 10, 0).aggregator
     assert type(dp) is GaussianNoise and dp.noise_multiplier == 1.2 and type(dp.inner) is ClippedMean
-    ada = ServerCore(fcfg(strategy="dp-fedavg", clip_norm=0.5, noise_multiplier=1.2, delta=1e-5, adaptive_clip=True), 10, 0).aggregator
-    assert type(ada) is AdaptiveClipping and type(ada.inner) is GaussianNoise and ada.count_noise_stddev == 4 / 20
+    ada = ServerCore(fcfg(strategy="dp-fedavg", clip_norm=0.5, noise_multiplier=1.2, delta=1e-5, adaptive_clip=True, clip_count_stddev=6.0), 10, 0).aggregator
+    assert type(ada) is AdaptiveClipping and type(ada.inner) is GaussianNoise and ada.count_noise_stddev == 6.0
+    with pytest.raises(ConfigError, match=r"clip_count_stddev \(its default m/20 = 4/20 = 0.2\) must be > noise_multiplier / 2 = 0.6"):
+        ServerCore(fcfg(strategy="dp-fedavg", clip_norm=0.5, noise_multiplier=1.2, delta=1e-5, adaptive_clip=True), 10, 0)  # refused when built, not at round 1
