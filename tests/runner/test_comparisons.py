@@ -128,6 +128,11 @@ def test_a_tiny_experiment_end_to_end(run_toml):
             rows = [json.loads(line) for line in (store / name / "metrics.jsonl").read_text().splitlines()]
             last = rows[-1]["step"]
             assert t["when"] == (last if s["kind"] == "central" else rows[-1]["round"]) and t["reached_value"] >= 0.05
+        # the target is the validation users' (never the test users'): reached_value is the validation row's there, else their best
+        metrics = [json.loads(line) for line in (store / name / "metrics.jsonl").read_text().splitlines()]
+        val = [r for r in metrics if r["split"] == "validation"]
+        expect = next(r for r in val if r.get(t["at"], r["step"]) == t["when"]) if t["reached"] else max(val, key=lambda r: r[t["metric"]])
+        assert t["reached_value"] == expect[t["metric"]], (name, t)
         assert len(s["along"]) >= 1 and all(p["validation_utility"] is not None for p in s["along"])
     assert by["user-dpsgd-s0"]["privacy_unit"] == "user" and "user-level" in by["user-dpsgd-s0"]["guarantee"]
     # the report: one row per run group, intervals, contrasts, the plot along training

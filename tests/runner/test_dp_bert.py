@@ -302,7 +302,7 @@ def test_the_comparison_rows_of_a_chain_carry_its_privacy():
     s = _summaries()
     s["ner"]["data_source"] = NCBI
     rows = {r["run"]: r for r in comparison_rows([{"name": n, "kind": "central"} for n in s], s)}
-    assert rows["ner"]["epsilon"] == 1.5 and rows["ner"]["privacy_unit"] == ENCODER_UNIT
+    assert rows["ner"]["epsilon"] == 1.5 and rows["ner"]["privacy_unit"] == rows["ner"]["epsilon_unit"] == ENCODER_UNIT  # the CSV unit is the chain's too
     assert epsilon_text(rows["ner"]["epsilon"], rows["ner"]["delta"], rows["ner"]["privacy_unit"]) == "1.5 per example, encoder only (δ = 2e-06)"
     assert rows["dp"]["epsilon"] == 1.5 and rows["pub"]["epsilon"] is None
 
