@@ -141,9 +141,10 @@ def check_file(path: str | Path, static: bool = False, log: Callable[[str], None
         exp = read_experiment(path, overrides)
         name, measures = exp.name, exp.measures
         runs = [CheckedRun(s.name, s.kind, s.config, record=s.record()) for s in exp.runs]
+        tuned = {s.name: s for s in exp.runs if s.tune}
     else:
         cfg = load_config(path, overrides)
-        name, measures = cfg.name, []
+        name, measures, tuned = cfg.name, [], {}
         runs = [CheckedRun(cfg.name, "federated" if cfg.federated is not None else "central", cfg)]
     where = {r.name: f"{path}: run {r.name!r}" if experiment else str(path) for r in runs}
     for r in runs:
@@ -163,5 +164,9 @@ def check_file(path: str | Path, static: bool = False, log: Callable[[str], None
             prepared_by_key[key] = in_run(where[r.name], prepare, r.config, log)
         prepared = dataclasses.replace(prepared_by_key[key], config=r.config, allow_large_delta=allow_large_delta)
         r.warnings = in_run(where[r.name], check_prepared, prepared, r.kind)
+        if r.name in tuned:  # every tune candidate, as `fedpriv run` checks them before the first trial
+            from fedpriv.runner.tune import check_candidates
+
+            r.warnings += [w for w in in_run(where[r.name], check_candidates, tuned[r.name], prepared) if w not in r.warnings]
         in_run(where[r.name], build_trainer_parts, prepared, r.kind, log)
     return checked

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from fedpriv.config import VALIDATION, validate_config
-from fedpriv.errors import DataFormatError, TrainingDiverged
+from fedpriv.errors import ConfigError, DataFormatError, TrainingDiverged
 from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.rundir import TUNE_DIR, TUNING_SHAPE, RunDir, expect_shape
 from fedpriv.runner.dispatch import train_run
@@ -66,12 +66,29 @@ def trial_config(raw: dict[str, Any], values: dict[str, Any], fraction: float, k
     return out
 
 
+def check_candidates(spec: RunSpec, prepared: Prepared) -> list[str]:
+    """Every candidate's config (the run's, with the candidate's values) through the checks on the
+    prepared data (a delta of 1/N or more, a batch above N, ...), before any trial trains: a bad
+    last candidate is refused up front, not after the others trained. Returns their warnings."""
+    from fedpriv.runner.checks import check_prepared
+
+    warnings: list[str] = []
+    for values in candidates(spec.tune or {}):
+        cfg = validate_config(with_values(spec.raw, values), f"run {spec.name!r} tune candidate {values}")
+        try:
+            warnings += check_prepared(dataclasses.replace(prepared, config=cfg), spec.kind)
+        except ConfigError as e:
+            raise ConfigError(f"tune candidate {values}: {e}") from None
+    return warnings
+
+
 def tune_run(spec: RunSpec, prepared: Prepared, store: Path, log: Callable[[str], None]) -> dict[str, Any]:
     """The tuning record of ``spec``'s group (trained now, or read back from the store)."""
     group = spec.group or spec.name
     path = store / TUNE_DIR / f"{group}.json"
     if path.is_file():
         return read_tuning(path, spec)
+    check_candidates(spec, prepared)
     trials = []
     metric = None
     for i, values in enumerate(candidates(spec.tune or {})):

@@ -67,3 +67,19 @@ def test_a_diverging_candidate_loses_and_a_restart_tunes_the_changed_run_again(t
     assert RunDir(store / again["candidates"][1]["run_dir"]).experiment_config().training.steps == 4
     assert again["candidates"][0]["validation_utility"] == -math.inf and again["winner"] == record["winner"]
     assert sum("tuning sgd: candidate" in m and "validation utility" in m for m in said) == 2  # both trials trained again
+
+
+def test_a_candidate_refused_by_the_data_checks_is_refused_before_any_trial(tmp_path, capsys):
+    """A delta of 1/N or more in the last candidate: `config check` passed it and `fedpriv run`
+    trained the first candidate before refusing it. Now both refuse it up front."""
+    from fedpriv.cli import main
+
+    toml = tmp_path / "tune-delta.toml"
+    text = TOML.replace("STEPS", "4").replace('tune = { "training.learning_rate" = [1e30, 0.5] }', 'tune = { "privacy.delta" = [1e-5, 0.5] }')
+    toml.write_text(text.replace("[[runs]]", "[privacy]\nclip_norm = 1.0\nnoise_multiplier = 1.0\ndelta = 1e-5\n\n[[runs]]"))
+    message = "run 'sgd': tune candidate {'privacy.delta': 0.5}: privacy.delta = 0.5 is at least 1/N"
+    assert main(["config", "check", str(toml)]) == 2
+    assert message in capsys.readouterr().err
+    assert main(["run", str(toml), "--out", str(tmp_path / "store")]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "store" / "tune").exists()  # no trial trained
