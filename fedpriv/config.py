@@ -33,6 +33,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fedpriv.errors import ConfigError, FedprivError
+from fedpriv.privacy.accounting import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
 from fedpriv.privacy.local.mechanisms import check_eta, check_text_mechanism
 from fedpriv.vocab.dp_histogram import mechanism_params
 
@@ -392,6 +393,15 @@ def _check_mechanism(m: Any) -> None:
         raise ValueError(f"epsilon_budget is not supported with mechanism = {m.mechanism!r} (its epsilon is that of the planned schedule); use target_epsilon")
 
 
+def _noise_multiplier_in_range(z: float | None) -> float | None:
+    """A noise multiplier the accountants answer for (0 where a section allows it: no noise):
+    refused here, so that the message names the key."""
+    if z is not None and z != 0 and not MIN_NOISE_MULTIPLIER <= z <= MAX_NOISE_MULTIPLIER:
+        raise ValueError(f"{z:g} is outside [{MIN_NOISE_MULTIPLIER:g}, {MAX_NOISE_MULTIPLIER:g}]: below it epsilon is astronomically "
+                         "large and the accountants lose precision; above it epsilon is 0 to float precision")
+    return z
+
+
 class PrivacyConfig(_Strict):
     """DP-SGD for central training (a ``[privacy]`` section turns it on)."""
 
@@ -418,6 +428,11 @@ class PrivacyConfig(_Strict):
     private: bool = Field(True, description="false: clipping without noise, a control that claims no privacy (needs noise_multiplier = 0; no epsilon is reported)")
     secure_noise: bool = Field(False, description="draw the DP noise and the sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
 
+    @field_validator("noise_multiplier")
+    @classmethod
+    def _z_range(cls, z: float | None) -> float | None:
+        return _noise_multiplier_in_range(z)
+
     @model_validator(mode="before")
     @classmethod
     def _default_sampling(cls, data: Any) -> Any:
@@ -431,6 +446,9 @@ class PrivacyConfig(_Strict):
     def _check(self) -> "PrivacyConfig":
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier or target_epsilon")
+        if self.unit == "example" and self.examples_per_user != type(self).model_fields["examples_per_user"].default:
+            raise ValueError(f"examples_per_user = {self.examples_per_user} applies to unit = 'user' only (with unit = 'example' it would be ignored); "
+                             "set unit = 'user' or drop it")
         if not self.private:
             if self.noise_multiplier != 0 or self.epsilon_budget is not None:
                 raise ValueError("private = false trains without noise: it takes noise_multiplier = 0 and no target_epsilon or epsilon_budget")
@@ -477,12 +495,23 @@ class FederatedDPConfig(_Strict):
     clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
     secure_noise: bool = Field(False, description="draw the server noise and the cohort sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
 
+    @field_validator("noise_multiplier")
+    @classmethod
+    def _z_range(cls, z: float | None) -> float | None:
+        return _noise_multiplier_in_range(z)
+
     @model_validator(mode="after")
     def _check(self) -> "FederatedDPConfig":
         if (self.noise_multiplier is None) == (self.target_epsilon is None):
             raise ValueError("give exactly one of noise_multiplier or target_epsilon")
         if self.noise_multiplier == 0:
             raise ValueError("noise_multiplier = 0 gives no privacy; use strategy = 'fedavg-clip' (and no [federated.dp]) for clipping without noise")
+        if not self.adaptive_clip:
+            fields = type(self).model_fields
+            ignored = [k for k in ("target_unclipped_quantile", "clip_learning_rate", "clip_count_stddev") if getattr(self, k) != fields[k].default]
+            if ignored:
+                raise ValueError(f"{', '.join(ignored)} appl{'ies' if len(ignored) == 1 else 'y'} to adaptive clipping only ({'it' if len(ignored) == 1 else 'they'} would be ignored); "
+                                 "set adaptive_clip = true or drop it")
         _check_mechanism(self)
         if self.mechanism != "gaussian" and self.adaptive_clip:
             raise ValueError(f"adaptive_clip is not supported with mechanism = {self.mechanism!r} (its noise state assumes one clip norm)")
@@ -502,6 +531,11 @@ class ClientDPConfig(_Strict):
     delta: float = Field(..., gt=0.0, lt=1.0, description="record-level delta")
     local_steps: int = Field(1, ge=1, description="K: noisy local steps per round, the same for every client whatever its number of examples")
     sampling_rate: float = Field(1.0, gt=0.0, le=1.0, description="q: each local step takes each of the client's examples independently with probability q (Poisson; 1 = every example every step)")
+
+    @field_validator("noise_multiplier")
+    @classmethod
+    def _z_range(cls, z: float | None) -> float | None:
+        return _noise_multiplier_in_range(z)
 
 
 class FlowerConfig(_Strict):

@@ -28,6 +28,16 @@ def test_defaults():
         ({"name": "x", "seed": 1.5}, r"seed: Input should be a valid integer"),
         ({"name": "x", "trainig": {}}, r"trainig: unknown key"),
         ({"name": "x", "training": {"order": "random"}}, r"training\.order: Input should be .iid. or .noniid."),
+        # the accountants' range of z, refused naming the key (it came from the accountant without one)
+        ({"name": "x", "federated": {"rounds": 2, "clients_per_round": 4, "client_dp": {"clip_norm": 1.0, "noise_multiplier": 1e-4, "delta": 1e-3}}},
+         r"federated\.client_dp\.noise_multiplier: 0\.0001 is outside \[0\.001, 1e\+06\]"),
+        ({"name": "x", "privacy": {"clip_norm": 1.0, "noise_multiplier": 2e6, "delta": 1e-5}}, r"privacy\.noise_multiplier: 2e\+06 is outside"),
+        # keys that would be ignored are refused (never silently dropped)
+        ({"name": "x", "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5, "examples_per_user": 4}},
+         r"privacy: examples_per_user = 4 applies to unit = 'user' only"),
+        ({"name": "x", "federated": {"strategy": "dp-fedavg", "rounds": 2, "clients_per_round": 4, "clip_norm": 0.5,
+                                     "dp": {"noise_multiplier": 1.0, "delta": 1e-3, "clip_count_stddev": 3.0, "clip_learning_rate": 0.1}}},
+         r"federated.dp: clip_learning_rate, clip_count_stddev apply to adaptive clipping only \(they would be ignored\)"),
         # DP-SGD samples its batches: a non-IID order was ignored (same parameters) yet labelled 'non-IID' in the report
         ({"name": "x", "training": {"order": "noniid"}, "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5}},
          r"training\.order = 'noniid' does not apply to DP-SGD \(\[privacy\]\): its batches are sampled"),

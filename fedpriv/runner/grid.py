@@ -274,6 +274,9 @@ def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
     dup = next((n for n in names if names.count(n) > 1), None)
     if dup is not None:
         raise ConfigError(f"{origin}: two runs are named {dup!r}")
+    clash = next((s for s in specs if s.group != s.name and s.group in names), None)  # --only NAME would pick both
+    if clash is not None:
+        raise ConfigError(f"{origin}: run {clash.group!r} (seeds {clash.group}-sK) and a seed of another run are both named {clash.group!r}; rename one")
     return specs
 
 

@@ -103,6 +103,13 @@ def test_a_run_level_table_of_the_other_kind_is_refused_not_dropped():
     assert specs[1].config.privacy is None and specs[1].config.federated is not None
 
 
+def test_a_group_named_like_another_runs_seed_is_refused():
+    """With seeds, run 'a' gives 'a-s0' and run 'a-s0' gives the group 'a-s0': `--only a-s0`
+    picked three runs."""
+    with pytest.raises(ConfigError, match=r"run 'a-s0' \(seeds a-s0-sK\) and a seed of another run are both named 'a-s0'"):
+        expand_experiment({**BASE, "seeds": [0, 1], "runs": [{"name": "a", "kind": "central"}, {"name": "a-s0", "kind": "central"}]})
+
+
 def test_shipped_experiments_expand():
     name, specs = load_experiment("experiments/demo.toml")
     assert name == "demo" and len(specs) == 16 and {s.seed for s in specs} == {0, 1} and len({s.group for s in specs}) == 8
