@@ -65,6 +65,20 @@ _CORRELATED_EVENTS = {
     Event.blt_fedavg: ("blt", "user"),
 }
 
+def _given_unit(event: Event, unit: str | None) -> str:
+    """``--unit`` checked against ``event``: a DP-FedAvg event is per user, so ``--unit example``
+    with it is refused (it was silently read as user); None: the event's default."""
+    fixed = _EVENTS.get(event) or _CORRELATED_EVENTS.get(event)
+    per_user = fixed is not None and fixed[1] == "user"
+    if unit is None:
+        return "user" if per_user else "example"
+    if unit not in ("example", "user"):
+        raise PrivacyParameterError(f"--unit: example or user, got {unit!r}")
+    if per_user and unit == "example":
+        raise PrivacyParameterError(f"--unit example: {event.value} is DP-FedAvg, whose unit is the user; drop --unit (or pick a DP-SGD event)")
+    return unit
+
+
 def _population_unit(event: Event, unit: str) -> str:
     """What N counts for ``event``: users for a DP-FedAvg event (any mechanism), else ``--unit``
     (examples, or users for user-level DP-SGD)."""
@@ -276,7 +290,7 @@ _B = typer.Option(None, "--batch", "-B", help="B: batch size (expected, under Po
 _T = typer.Option(..., "--steps", help="Steps (DP-SGD) or rounds (DP-FedAvg).")
 _P = typer.Option(1, "--shards", min=1, help="P: shards that each add their own noise (Hoory et al. 2021, eq. 3).")
 _MT = typer.Option(1, "--micro-steps", min=1, help="T: accumulation micro-steps that each add their own noise.")
-_U = typer.Option("example", "--unit", help="example or user: the unit of a DP-SGD or no-sampling event (user: user-level DP-SGD); DP-FedAvg events are per user.")
+_U = typer.Option(None, "--unit", help="example (default) or user: the unit of a DP-SGD or no-sampling event (user: user-level DP-SGD); DP-FedAvg events are per user.")
 _EV = typer.Option(..., "--event", "-e", help=EVENT_HELP)
 _ACC = typer.Option(Accountant.all, "--accountant", help="rdp, pld, or all available.")
 _JSON = typer.Option(False, "--json", help="Print JSON.")
@@ -313,7 +327,7 @@ def epsilon_cmd(
     epsilon: Optional[float] = typer.Option(None, "--epsilon", help="Answer delta at this epsilon instead."),
     shards: int = _P,
     micro_steps: int = _MT,
-    unit: str = _U,
+    unit: Optional[str] = _U,
     accountant: Accountant = _ACC,
     as_json: bool = _JSON,
     allow_large_delta: bool = _ALLOW,
@@ -331,6 +345,7 @@ def epsilon_cmd(
                    "--epsilon": epsilon, "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
     if (delta is None) == (epsilon is None):
         raise PrivacyParameterError("give exactly one of --delta (to get epsilon) or --epsilon (to get delta)")
+    unit = _given_unit(event, unit)
     note = _delta_vs_population(delta, population, _population_unit(event, unit), allow_large_delta)
     ev = _event(event, noise_multiplier, population, batch, steps, shards, micro_steps, unit, mf)
     answers = []
@@ -355,7 +370,7 @@ def calibrate_cmd(
     steps: int = _T,
     shards: int = _P,
     micro_steps: int = _MT,
-    unit: str = _U,
+    unit: Optional[str] = _U,
     accountant: Accountant = typer.Option(Accountant.rdp, "--accountant", help="rdp or pld."),
     as_json: bool = _JSON,
     allow_large_delta: bool = _ALLOW,
@@ -371,6 +386,7 @@ def calibrate_cmd(
     mf = _MF(bands, buffers, max_participations, min_separation, sampling, groups, coefficients)
     check_options({"--target-epsilon": target_epsilon, "--delta": delta, "--population": population, "--batch": batch, "--steps": steps,
                    "--shards": shards, "--micro-steps": micro_steps, **mf.options()})
+    unit = _given_unit(event, unit)
     note = _delta_vs_population(delta, population, _population_unit(event, unit), allow_large_delta)
     if accountant is Accountant.all:
         raise PrivacyParameterError("--accountant: calibrate against one accountant, rdp or pld")

@@ -54,10 +54,18 @@ def test_an_answered_delta_at_least_one_over_n_is_said_to_promise_nothing(capsys
 
 
 @pytest.mark.parametrize("event, unit, expected", [("dpsgd-poisson", "user", "user"), ("dpsgd-fixed", "user", "user"), ("dpsgd-poisson", "example", "example"),
-                                                    ("dpfedavg-poisson", "example", "user"), ("dpfedavg-fixed", "example", "user")])
+                                                    ("dpsgd-poisson", None, "example"), ("dpfedavg-poisson", None, "user"), ("dpfedavg-fixed", "user", "user")])
 def test_unit_is_honoured_for_dp_sgd_events_and_is_the_user_for_dp_fedavg(capsys, event, unit, expected):
-    assert main(["privacy", "epsilon", "-e", event, "-z", "1", "-N", "1000", "-B", "10", "--steps", "10", "--delta", "1e-5", "--unit", unit, "--json", "--accountant", "rdp"]) == 0
+    given = [] if unit is None else ["--unit", unit]
+    assert main(["privacy", "epsilon", "-e", event, "-z", "1", "-N", "1000", "-B", "10", "--steps", "10", "--delta", "1e-5", *given, "--json", "--accountant", "rdp"]) == 0
     assert json.loads(capsys.readouterr().out)["answers"][0]["unit"] == expected
+
+
+@pytest.mark.parametrize("event", ["dpfedavg-poisson", "dpfedavg-fixed", "banded-mf-fedavg"])
+def test_unit_example_with_a_dp_fedavg_event_is_refused_not_read_as_user(capsys, event):
+    """It was silently answered per user, under an example-level question."""
+    assert main(["privacy", "epsilon", "-e", event, "-z", "1", "-N", "1000", "-B", "10", "--steps", "10", "--delta", "1e-5", *(["--bands", "1"] if "banded" in event else []), "--unit", "example"]) == 2
+    assert f"--unit example: {event} is DP-FedAvg, whose unit is the user" in capsys.readouterr().err
 
 
 def test_an_unknown_unit_is_refused(capsys):
@@ -190,12 +198,12 @@ def test_a_correlated_dpsgd_event_takes_its_unit_and_fedavg_protects_users(capsy
     the unit does not change epsilon; a DP-FedAvg event protects users."""
     argv = ["privacy", "epsilon", "--bands", "2", "-z", "2.5", "-N", "5000", "-B", "100", "--steps", "120", "--delta", "1e-6", "--json"]
     answers = {}
-    for event, unit in (("banded-mf-dpsgd", "example"), ("banded-mf-dpsgd", "user"), ("banded-mf-fedavg", "example")):
+    for event, unit in (("banded-mf-dpsgd", "example"), ("banded-mf-dpsgd", "user"), ("banded-mf-fedavg", "user")):
         assert main([*argv, "-e", event, "--unit", unit]) == 0
         answers[event, unit] = json.loads(capsys.readouterr().out)["answers"]
     assert [a["unit"] for a in answers["banded-mf-dpsgd", "example"]] == ["example"] * 2
     assert [a["unit"] for a in answers["banded-mf-dpsgd", "user"]] == ["user"] * 2
-    assert [a["unit"] for a in answers["banded-mf-fedavg", "example"]] == ["user"] * 2
+    assert [a["unit"] for a in answers["banded-mf-fedavg", "user"]] == ["user"] * 2
     assert [a["epsilon"] for a in answers["banded-mf-dpsgd", "user"]] == [a["epsilon"] for a in answers["banded-mf-dpsgd", "example"]]
 
 
