@@ -435,6 +435,7 @@ def batch_sweep_cmd(
         t.add_row(f"{r['batch']:g}", f"{r['noise_multiplier']:.4g}", str(r["steps"]), f"{r['epsilon']:.4g}")
     _out.print(t)
     a = rows[0]["answer"]
-    _out.print(f"delta = {delta:g}; {a['accountant']}; {a['unit']}-level, {a['relation']} {a['unit']}", markup=False)
+    _out.print(f"delta = {delta:g}; {a['accountant']}; {a['unit']}-level, {a['relation']} {a['unit']}; sampling at B = {rows[0]['batch']:g}: "
+               f"{a['sampling']} (each row the same scheme at its own B)", markup=False, soft_wrap=True)
     if note:
         _out.print(f"note: {note['note']}", markup=False, soft_wrap=True)

@@ -80,6 +80,9 @@ def test_calibrate_and_sweep(capsys):
     assert main(["privacy", "batch-sweep", "-e", "dpsgd-poisson", "-z", "1", "-N", "50000", "-B", "256", "--steps", "100", "--batches", "256,1024", "--delta", "1e-5", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["rows"]
     assert [r["noise_multiplier"] for r in rows] == pytest.approx([1.0, 2.0])
+    assert main(["privacy", "batch-sweep", "-e", "dpfedavg-fixed", "-z", "1", "-N", "50000", "-B", "256", "--steps", "100", "--batches", "256,1024", "--delta", "1e-5"]) == 0
+    footer = " ".join(capsys.readouterr().out.split())  # the table's footer names the sampling, not only the relation
+    assert "user-level, replace-one user; sampling at B = 256: fixed-size batches of exactly 256 users of 50000, sampled without replacement" in footer
 
 
 @pytest.mark.parametrize(
