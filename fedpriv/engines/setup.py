@@ -246,7 +246,9 @@ class RoundStepper(Stepper):
         if row.get("loss") is not None:
             parts.append(f"local loss {row['loss']:.4f}")
         if row.get("client_epsilon") is not None:
-            parts.append(f"record-level client epsilon {row['client_epsilon']:.3g} (delta {row['client_delta']:g}, add-or-remove-one example)")
+            q = self.setup.fcfg.client_dp.sampling_rate
+            sampling = "every example in every local step, no sampling amplification" if q == 1.0 else f"Poisson q = {q:g} per local step"
+            parts.append(f"record-level client epsilon {row['client_epsilon']:.3g} (delta {row['client_delta']:g}, add-or-remove-one example; {sampling})")
         if row.get("clip_norm") is not None:
             frac = row.get("unclipped_fraction", row.get("noised_unclipped_fraction"))  # exact only with log_private_stats in a DP run
             parts.append(f"clip {row['clip_norm']:.3g}" + (f" (unclipped {frac:.0%})" if frac is not None else ""))

@@ -95,11 +95,15 @@ def test_run_with_client_dp_reports_record_level_epsilon_each_round(tmp_path):
     from fedpriv.engines.vectorized import run_vectorized
 
     extra = "client_dp = { clip_norm = 1.0, noise_multiplier = 1.5, delta = 1e-5 }"
-    res = run_vectorized(prepare(client_dp_config(tmp_path, extra)), tmp_path / "r")
+    lines: list[str] = []
+    res = run_vectorized(prepare(client_dp_config(tmp_path, extra)), tmp_path / "r", log=lines.append)
     rows = [r for r in res.history if r["split"] == "train"]
     eps = [r["client_epsilon"] for r in rows]
     assert len(rows) == 3 and eps == sorted(eps) and eps[0] > 0
     assert rows[0]["epsilon"] is None  # fedavg: no user-level guarantee, only the record-level one
+    # the progress line states the relation and the sampling next to the epsilon it prints
+    said = [line for line in lines if "record-level client epsilon" in line]
+    assert said and all("add-or-remove-one example; every example in every local step, no sampling amplification)" in line for line in said), lines
 
 
 # ---- a fixed number of noisy local steps, whatever n_u (issue 30, point 4) -----------------------------
