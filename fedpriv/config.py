@@ -393,6 +393,18 @@ def _check_mechanism(m: Any) -> None:
         raise ValueError(f"epsilon_budget is not supported with mechanism = {m.mechanism!r} (its epsilon is that of the planned schedule); use target_epsilon")
 
 
+#: The largest clip norm accepted: the noise z*C and sums of clipped updates stay finite in float32
+#: (about 3.4e38); a clip meant to never bind is far smaller (1e6 does it for these models).
+MAX_CLIP_NORM = 1e30
+
+
+def _clip_norm_in_range(c: float | None) -> float | None:
+    if c is not None and not c <= MAX_CLIP_NORM:
+        raise ValueError(f"{c:g} is above {MAX_CLIP_NORM:g}: the noise z*C and the sums of clipped updates would overflow float32; "
+                         "a clip meant never to bind needs far less (e.g. 1e6)")
+    return c
+
+
 def _noise_multiplier_in_range(z: float | None) -> float | None:
     """A noise multiplier the accountants answer for (0 where a section allows it: no noise):
     refused here, so that the message names the key."""
@@ -432,6 +444,11 @@ class PrivacyConfig(_Strict):
     @classmethod
     def _z_range(cls, z: float | None) -> float | None:
         return _noise_multiplier_in_range(z)
+
+    @field_validator("clip_norm")
+    @classmethod
+    def _clip_range(cls, c: float | None) -> float | None:
+        return _clip_norm_in_range(c)
 
     @model_validator(mode="before")
     @classmethod
@@ -537,6 +554,11 @@ class ClientDPConfig(_Strict):
     def _z_range(cls, z: float | None) -> float | None:
         return _noise_multiplier_in_range(z)
 
+    @field_validator("clip_norm")
+    @classmethod
+    def _clip_range(cls, c: float | None) -> float | None:
+        return _clip_norm_in_range(c)
+
 
 class FlowerConfig(_Strict):
     """The Flower engine (``[federated.flower]``): simulation resources and messaging."""
@@ -594,6 +616,11 @@ class FederatedConfig(_Strict):
     dp: FederatedDPConfig | None = Field(None, description="DP-FedAvg's user-level DP")
     client_dp: ClientDPConfig | None = Field(None, description="client-side DP-SGD (record-level)")
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
+
+    @field_validator("clip_norm")
+    @classmethod
+    def _clip_range(cls, c: float | None) -> float | None:
+        return _clip_norm_in_range(c)
 
     @model_validator(mode="before")
     @classmethod

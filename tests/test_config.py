@@ -32,6 +32,8 @@ def test_defaults():
         ({"name": "x", "federated": {"rounds": 2, "clients_per_round": 4, "client_dp": {"clip_norm": 1.0, "noise_multiplier": 1e-4, "delta": 1e-3}}},
          r"federated\.client_dp\.noise_multiplier: 0\.0001 is outside \[0\.001, 1e\+06\]"),
         ({"name": "x", "privacy": {"clip_norm": 1.0, "noise_multiplier": 2e6, "delta": 1e-5}}, r"privacy\.noise_multiplier: 2e\+06 is outside"),
+        # a clip norm that overflows float32 (1e308 passed and ended as 'diverged ... lower the learning rate')
+        ({"name": "x", "privacy": {"clip_norm": 1e308, "noise_multiplier": 1.0, "delta": 1e-5}}, r"privacy\.clip_norm: 1e\+308 is above 1e\+30"),
         # keys that would be ignored are refused (never silently dropped)
         ({"name": "x", "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5, "examples_per_user": 4}},
          r"privacy: examples_per_user = 4 applies to unit = 'user' only"),
