@@ -328,7 +328,7 @@ class TrainingConfig(_Strict):
     batch_size: int = Field(32, ge=1)
     epochs: float | None = Field(None, gt=0.0, description="train for this many passes (or give steps)")
     steps: int | None = Field(None, ge=1, description="train for this many steps (or give epochs)")
-    order: Literal["iid", "noniid"] = Field("iid", description="iid: records shuffled; noniid: users in random order, records contiguous")
+    order: Literal["iid", "noniid"] = Field("iid", description="iid: records shuffled; noniid: users in random order, records contiguous (SGD only: DP-SGD samples its batches)")
     eval_every: int = Field(200, ge=1, description="steps between evaluations")
     checkpoint_every: int = Field(200, ge=1, description="steps between checkpoints")
     eval_batch_size: int = Field(256, ge=1)

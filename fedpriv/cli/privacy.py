@@ -290,7 +290,7 @@ _B = typer.Option(None, "--batch", "-B", help="B: batch size (expected, under Po
 _T = typer.Option(..., "--steps", help="Steps (DP-SGD) or rounds (DP-FedAvg).")
 _P = typer.Option(1, "--shards", min=1, help="P: shards that each add their own noise (Hoory et al. 2021, eq. 3).")
 _MT = typer.Option(1, "--micro-steps", min=1, help="T: accumulation micro-steps that each add their own noise.")
-_U = typer.Option(None, "--unit", help="example (default) or user: the unit of a DP-SGD or no-sampling event (user: user-level DP-SGD); DP-FedAvg events are per user.")
+_U = typer.Option(None, "--unit", help="example or user: the unit of a DP-SGD or no-sampling event (default example; user: user-level DP-SGD); DP-FedAvg events are per user (the default; example is refused).")
 _EV = typer.Option(..., "--event", "-e", help=EVENT_HELP)
 _ACC = typer.Option(Accountant.all, "--accountant", help="rdp, pld, or all available.")
 _JSON = typer.Option(False, "--json", help="Print JSON.")

@@ -24,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedpriv.config import ExperimentConfig, check_kind, load_config, read_toml
+from fedpriv.config import ExperimentConfig, check_kind, load_config, read_toml, validate_config
 from fedpriv.errors import ConfigChanged, ConfigError, FedprivError, RunDirInUse, TrainingDiverged
 from fedpriv.privacy.delta import large_delta_note, large_delta_problem
+from fedpriv.runner.grid import RunSpec, candidates, with_values
 from fedpriv.training.prepared import Prepared
 
 
@@ -89,6 +90,20 @@ def check_prepared(prepared: Prepared, kind: str) -> list[str]:
         delta_warning("federated.dp.delta", f.dp.delta, users, "user")
     if f.client_dp is not None:
         delta_warning("federated.client_dp.delta", f.client_dp.delta, records, "example")
+    return warnings
+
+
+def check_candidates(spec: RunSpec, prepared: Prepared) -> list[str]:
+    """Every candidate's config (the run's, with the candidate's values) through the checks on the
+    prepared data (a delta of 1/N or more, a batch above N, ...), before any trial trains: a bad
+    last candidate is refused up front, not after the others trained. Returns their warnings."""
+    warnings: list[str] = []
+    for values in candidates(spec.tune or {}):
+        cfg = validate_config(with_values(spec.raw, values), f"run {spec.name!r} tune candidate {values}")
+        try:
+            warnings += check_prepared(dataclasses.replace(prepared, config=cfg), spec.kind)
+        except ConfigError as e:
+            raise ConfigError(f"tune candidate {values}: {e}") from None
     return warnings
 
 
@@ -165,8 +180,6 @@ def check_file(path: str | Path, static: bool = False, log: Callable[[str], None
         prepared = dataclasses.replace(prepared_by_key[key], config=r.config, allow_large_delta=allow_large_delta)
         r.warnings = in_run(where[r.name], check_prepared, prepared, r.kind)
         if r.name in tuned:  # every tune candidate, as `fedpriv run` checks them before the first trial
-            from fedpriv.runner.tune import check_candidates
-
             r.warnings += [w for w in in_run(where[r.name], check_candidates, tuned[r.name], prepared) if w not in r.warnings]
         in_run(where[r.name], build_trainer_parts, prepared, r.kind, log)
     return checked

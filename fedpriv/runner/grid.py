@@ -153,6 +153,18 @@ def set_path(d: dict[str, Any], dotted: str, value: Any) -> None:
     set_key(d, dotted, value, "grid key")
 
 
+def candidates(tune: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """The grid's candidates in order: dotted key -> value."""
+    return [dict(zip(tune, values)) for values in itertools.product(*tune.values())]
+
+
+def with_values(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
+    out = copy.deepcopy(raw)
+    for key, value in values.items():
+        set_path(out, key, value)
+    return out
+
+
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     out = copy.deepcopy(base)
     for k, v in over.items():
@@ -240,10 +252,13 @@ def _expand_runs(raw: dict[str, Any], origin: str) -> list[RunSpec]:
                 raise ConfigError(f"{origin}: runs[{i}]: {problem}")
             if kind not in ("central", "federated"):
                 raise ConfigError(f"{where}: kind must be 'central' or 'federated', got {kind!r}")
-            if kind == "central" and "federated" in run:
+            # a kind fixed by the entry: its table of the other kind would be ignored (a kind set by the
+            # grid reads each table in one of its expansions, as documented)
+            fixed_kind = "kind" not in (entry.get("grid") or {}) and "{" not in str(entry.get("kind", ""))
+            if fixed_kind and kind == "central" and "federated" in run:
                 raise ConfigError(f"{where}: a central run takes no federated table (central training would ignore it); "
                                   "make it kind = 'federated', or give central DP-SGD its keys in privacy")
-            if kind == "federated" and "privacy" in run:
+            if fixed_kind and kind == "federated" and "privacy" in run:
                 raise ConfigError(f"{where}: a federated run takes no privacy table (federated training would ignore it and train "
                                   "without DP); DP-FedAvg's keys go in federated.dp with strategy = 'dp-fedavg'")
             merged = copy.deepcopy(base)
@@ -293,11 +308,8 @@ def _tune(run: dict[str, Any], merged: dict[str, Any], where: str) -> tuple[dict
         raise ConfigError(f"{where}: tune_fraction must be in (0, 1], got {fraction!r}")
     if not float((merged.get("data") or {}).get("validation_fraction", 0.0) or 0.0) > 0:
         raise ConfigError(f"{where}: tune chooses on validation users: set data.validation_fraction (e.g. 0.1)")
-    for values in itertools.product(*tune.values()):
-        trial = copy.deepcopy(merged)
-        for key, value in zip(tune, values):
-            set_path(trial, key, value)
-        validate_config(trial, f"{where}: tune candidate {dict(zip(tune, values))}")
+    for values in candidates(tune):
+        validate_config(with_values(merged, values), f"{where}: tune candidate {values}")
     return tune, float(fraction)
 
 

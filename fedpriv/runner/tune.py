@@ -19,10 +19,8 @@ checked: its winner must be a candidate of the run's own grid (a store is data, 
 
 from __future__ import annotations
 
-import copy
 import json
 import dataclasses
-import itertools
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -32,21 +30,10 @@ from fedpriv.config import VALIDATION, validate_config
 from fedpriv.errors import ConfigError, DataFormatError, TrainingDiverged
 from fedpriv.jsonio import read_json, write_json_atomic
 from fedpriv.rundir import TUNE_DIR, TUNING_SHAPE, RunDir, expect_shape
+from fedpriv.runner.checks import check_candidates
 from fedpriv.runner.dispatch import train_run
-from fedpriv.runner.grid import RunSpec, set_path
+from fedpriv.runner.grid import RunSpec, candidates, with_values
 from fedpriv.training.prepared import Prepared
-
-
-def candidates(tune: dict[str, list[Any]]) -> list[dict[str, Any]]:
-    """The grid's candidates in order: dotted key -> value."""
-    return [dict(zip(tune, values)) for values in itertools.product(*tune.values())]
-
-
-def with_values(raw: dict[str, Any], values: dict[str, Any]) -> dict[str, Any]:
-    out = copy.deepcopy(raw)
-    for key, value in values.items():
-        set_path(out, key, value)
-    return out
 
 
 def trial_config(raw: dict[str, Any], values: dict[str, Any], fraction: float, kind: str) -> dict[str, Any]:
@@ -64,22 +51,6 @@ def trial_config(raw: dict[str, Any], values: dict[str, Any], fraction: float, k
     else:
         out["federated"]["rounds"] = max(1, math.ceil(out["federated"]["rounds"] * fraction))
     return out
-
-
-def check_candidates(spec: RunSpec, prepared: Prepared) -> list[str]:
-    """Every candidate's config (the run's, with the candidate's values) through the checks on the
-    prepared data (a delta of 1/N or more, a batch above N, ...), before any trial trains: a bad
-    last candidate is refused up front, not after the others trained. Returns their warnings."""
-    from fedpriv.runner.checks import check_prepared
-
-    warnings: list[str] = []
-    for values in candidates(spec.tune or {}):
-        cfg = validate_config(with_values(spec.raw, values), f"run {spec.name!r} tune candidate {values}")
-        try:
-            warnings += check_prepared(dataclasses.replace(prepared, config=cfg), spec.kind)
-        except ConfigError as e:
-            raise ConfigError(f"tune candidate {values}: {e}") from None
-    return warnings
 
 
 def tune_run(spec: RunSpec, prepared: Prepared, store: Path, log: Callable[[str], None]) -> dict[str, Any]:

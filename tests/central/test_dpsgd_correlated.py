@@ -104,7 +104,7 @@ def test_a_schedule_that_breaks_the_stated_participation_is_refused(nwp):
 def test_the_progress_line_counts_what_the_batch_counts(nwp):
     """training.batch_size is users under user-level DP-SGD: the progress rate says users/s."""
     task, arrays, counts = nwp
-    line = lambda unit: DPSGDStepper(task, arrays, tcfg(), PrivacyConfig(clip_norm=0.5, noise_multiplier=1.0, delta=1e-5, unit=unit, examples_per_user=2), 0,  # noqa: E731
+    line = lambda unit: DPSGDStepper(task, arrays, tcfg(), PrivacyConfig(clip_norm=0.5, noise_multiplier=1.0, delta=1e-5, unit=unit, **({"examples_per_user": 2} if unit == "user" else {})), 0,  # noqa: E731
                                      optax.sgd(0.1), 6, user_counts=counts).describe(3, {"loss": 1.0}, [], 1.5, 3)
     assert line("user").endswith(f"{3 * 32 / 1.5:.0f} users/s")
     assert line("example").endswith(f"{3 * 32 / 1.5:.0f} examples/s")

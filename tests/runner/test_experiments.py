@@ -96,6 +96,12 @@ def test_a_run_level_table_of_the_other_kind_is_refused_not_dropped():
         expand_experiment({**BASE, "runs": [{"name": "fed-dp", "kind": "federated", "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-6}}]})
     with pytest.raises(ConfigError, match="run 'sgd': a central run takes no federated table"):
         expand_experiment({**BASE, "runs": [{"name": "sgd", "kind": "central", "federated": {"strategy": "dp-fedavg"}}]})
+    # a kind set by the grid: each expansion reads the table of its kind (the other is dropped)
+    both = {"privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5},
+            "federated": {"strategy": "dp-fedavg", "rounds": 2, "clients_per_round": 4, "clip_norm": 0.5, "dp": {"noise_multiplier": 1.0, "delta": 1e-3}}}
+    gridded = expand_experiment({**BASE, "runs": [{"name": "dp-{kind}", "kind": "central", "grid": {"kind": ["central", "federated"]}, **both}]})
+    assert [(s.name, s.kind) for s in gridded] == [("dp-central", "central"), ("dp-federated", "federated")]
+    assert gridded[0].config.privacy is not None and gridded[1].config.federated.dp is not None and gridded[1].config.privacy is None
     # the experiment-level tables are shared by design: each run kind reads its own
     specs = expand_experiment({**BASE, "privacy": {"clip_norm": 1.0, "noise_multiplier": 1.0, "delta": 1e-5},
                                "runs": [{"name": "sgd", "kind": "central"}, {"name": "fed", "kind": "federated"}]})
