@@ -30,7 +30,7 @@ import tomllib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from fedpriv.errors import ConfigError, FedprivError
 from fedpriv.privacy.accounting import MAX_NOISE_MULTIPLIER, MIN_NOISE_MULTIPLIER
@@ -414,13 +414,19 @@ def _noise_multiplier_in_range(z: float | None) -> float | None:
     return z
 
 
+#: A noise multiplier z in the accountants' range (or 0 where a section allows no noise), and a clip
+#: norm C that float32 arithmetic can carry: refused with the key named.
+NoiseMultiplier = Annotated[float, AfterValidator(_noise_multiplier_in_range)]
+ClipNorm = Annotated[float, AfterValidator(_clip_norm_in_range)]
+
+
 class PrivacyConfig(_Strict):
     """DP-SGD for central training (a ``[privacy]`` section turns it on)."""
 
-    clip_norm: float = Field(..., gt=0.0, description="C: L2 clip norm of each unit's gradient (an example's, or a user's)")
+    clip_norm: ClipNorm = Field(..., gt=0.0, description="C: L2 clip norm of each unit's gradient (an example's, or a user's)")
     unit: Literal["example", "user"] = Field("example", description="the privacy unit: example (each sampled example clipped) or user (users sampled, each user's gradient over examples_per_user of its examples clipped; training.batch_size counts users)")
     examples_per_user: int = Field(8, ge=1, description="unit = user: examples each sampled user contributes to a step (cycled when it has fewer)")
-    noise_multiplier: float | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
+    noise_multiplier: NoiseMultiplier | None = Field(None, ge=0.0, description="sigma per noise draw (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate sigma to reach this epsilon at the end")
     delta: float = Field(..., gt=0.0, lt=1.0)
     sampling: Literal["poisson", "fixed", "cyclic", "cyclic-poisson"] = Field("poisson", description="poisson: q = B/N; fixed: B of N without replacement each step; cyclic: the schedule of mechanism = banded-mf / blt (units in N // B fixed groups, one per step; the default with those mechanisms); cyclic-poisson: amplified banded MF (units drawn once into groups b, group t mod b Poisson-sampled at step t with q = B / (N // b))")
@@ -439,16 +445,6 @@ class PrivacyConfig(_Strict):
     accountant: Literal["rdp", "pld"] = "rdp"
     private: bool = Field(True, description="false: clipping without noise, a control that claims no privacy (needs noise_multiplier = 0; no epsilon is reported)")
     secure_noise: bool = Field(False, description="draw the DP noise and the sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
-
-    @field_validator("noise_multiplier")
-    @classmethod
-    def _z_range(cls, z: float | None) -> float | None:
-        return _noise_multiplier_in_range(z)
-
-    @field_validator("clip_norm")
-    @classmethod
-    def _clip_range(cls, c: float | None) -> float | None:
-        return _clip_norm_in_range(c)
 
     @model_validator(mode="before")
     @classmethod
@@ -495,7 +491,7 @@ class FederatedDPConfig(_Strict):
     noise z*S on the sum of the deltas clipped to ``federated.clip_norm`` S, accounted per round."""
 
     delta: float = Field(..., gt=0.0, lt=1.0, description="user-level delta (well below 1/N)")
-    noise_multiplier: float | None = Field(None, ge=0.0, description="z: noise std z*S on the clipped sum (or give target_epsilon)")
+    noise_multiplier: NoiseMultiplier | None = Field(None, ge=0.0, description="z: noise std z*S on the clipped sum (or give target_epsilon)")
     target_epsilon: float | None = Field(None, gt=0.0, description="calibrate z to reach this epsilon after all rounds")
     epsilon_budget: float | None = Field(None, gt=0.0, description="stop cleanly before a round would exceed this epsilon")
     mechanism: Literal["gaussian", "banded-mf", "blt"] = Field("gaussian", description=_MECHANISM_DOC)
@@ -511,11 +507,6 @@ class FederatedDPConfig(_Strict):
     clip_learning_rate: float = Field(0.2, gt=0.0)
     clip_count_stddev: float | None = Field(None, ge=0.0, description="sigma_b of the noised count (default m/20)")
     secure_noise: bool = Field(False, description="draw the server noise and the cohort sampling from a secret (FEDPRIV_NOISE_SECRET, or the OS CSPRNG) that is never stored, for a model that is released; false: reproducible from the seed (simulation)")
-
-    @field_validator("noise_multiplier")
-    @classmethod
-    def _z_range(cls, z: float | None) -> float | None:
-        return _noise_multiplier_in_range(z)
 
     @model_validator(mode="after")
     def _check(self) -> "FederatedDPConfig":
@@ -543,21 +534,11 @@ class ClientDPConfig(_Strict):
     clips each example's gradient to C, adds N(0, (sigma*C)^2) and divides by the public
     ``federated.local_batch_size`` (see :mod:`fedpriv.clients.privacy`)."""
 
-    clip_norm: float = Field(..., gt=0.0, description="C: per-example L2 clip inside each client")
-    noise_multiplier: float = Field(..., gt=0.0, description="sigma: noise std sigma*C on each local step's clipped sum")
+    clip_norm: ClipNorm = Field(..., gt=0.0, description="C: per-example L2 clip inside each client")
+    noise_multiplier: NoiseMultiplier = Field(..., gt=0.0, description="sigma: noise std sigma*C on each local step's clipped sum")
     delta: float = Field(..., gt=0.0, lt=1.0, description="record-level delta")
     local_steps: int = Field(1, ge=1, description="K: noisy local steps per round, the same for every client whatever its number of examples")
     sampling_rate: float = Field(1.0, gt=0.0, le=1.0, description="q: each local step takes each of the client's examples independently with probability q (Poisson; 1 = every example every step)")
-
-    @field_validator("noise_multiplier")
-    @classmethod
-    def _z_range(cls, z: float | None) -> float | None:
-        return _noise_multiplier_in_range(z)
-
-    @field_validator("clip_norm")
-    @classmethod
-    def _clip_range(cls, c: float | None) -> float | None:
-        return _clip_norm_in_range(c)
 
 
 class FlowerConfig(_Strict):
@@ -603,7 +584,7 @@ class FederatedConfig(_Strict):
     server_optimizer: Literal["sgd", "momentum", "adam"] = "sgd"
     server_learning_rate: float = Field(1.0, gt=0.0)
     server_momentum: float = Field(0.9, ge=0.0, lt=1.0, description="for server_optimizer = momentum")
-    clip_norm: float | None = Field(None, gt=0.0, description="S: L2 clip of each user's delta (fedavg-clip, dp-fedavg)")
+    clip_norm: ClipNorm | None = Field(None, gt=0.0, description="S: L2 clip of each user's delta (fedavg-clip, dp-fedavg)")
     engine: Literal["vectorized", "flower"] = "vectorized"
     devices: int | None = Field(
         None, ge=1,
@@ -616,11 +597,6 @@ class FederatedConfig(_Strict):
     dp: FederatedDPConfig | None = Field(None, description="DP-FedAvg's user-level DP")
     client_dp: ClientDPConfig | None = Field(None, description="client-side DP-SGD (record-level)")
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
-
-    @field_validator("clip_norm")
-    @classmethod
-    def _clip_range(cls, c: float | None) -> float | None:
-        return _clip_norm_in_range(c)
 
     @model_validator(mode="before")
     @classmethod
